@@ -1,0 +1,156 @@
+"""The one shared state per download slot: when it may send again.
+
+The middleware writes it (a throttle cools the slot), the queue reads it (a
+cooling slot's requests stay in the scheduler) and the logs report it. It is
+pure, with the clock and the random source injected, and it forgets a slot
+as soon as nothing about it is left to remember, so a crawl over a million
+hosts keeps only the few that are cooling.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+from .backoff import Uniform
+
+__all__ = ["CooldownBoard", "SlotState"]
+
+
+class Random(Uniform, Protocol):
+    def random(self) -> float: ...
+
+
+class SlotState:
+    """What the board remembers of one slot (a small object: memory per slot matters)."""
+
+    __slots__ = ("cooldown_until", "refuse_until", "wake_end", "wake_left", "next_release")
+
+    def __init__(self) -> None:
+        self.cooldown_until = 0.0
+        self.refuse_until = 0.0
+        self.wake_end = 0.0
+        self.wake_left = -1
+        self.next_release = 0.0
+
+
+def next_release(start: float, end: float, left: int, u: float) -> float:
+    """The earliest of ``left`` uniform draws in [start, end].
+
+    Drawing the order statistics one at a time spreads the held requests of a
+    reopening slot uniformly over the wake window without knowing them all.
+    """
+    if left <= 1:
+        fraction = u
+    else:
+        fraction = 1.0 - (1.0 - u) ** (1.0 / left)
+    return start + (end - start) * fraction
+
+
+class CooldownBoard:
+    """Per-slot cooldowns: the largest wait wins; a success never clears one."""
+
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, rng: Random = random  # type: ignore[assignment]
+    ) -> None:
+        self.clock = clock
+        self.rng = rng
+        self._slots: dict[str, SlotState] = {}
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def __contains__(self, slot: str) -> bool:
+        return slot in self._slots
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._slots))
+
+    def cool(self, slot: str, seconds: float, wake_jitter: float = 0.0) -> float:
+        """Hold ``slot`` for ``seconds`` from now; return how much later it now reopens."""
+        now = self.clock()
+        until = now + max(0.0, seconds)
+        state = self._slots.get(slot)
+        if state is None:
+            state = self._slots[slot] = SlotState()
+        if until <= state.cooldown_until:
+            return 0.0
+        added = until - max(state.cooldown_until, now)
+        state.cooldown_until = until
+        state.wake_end = until + max(0.0, wake_jitter)
+        state.wake_left = -1
+        return added
+
+    def refuse(self, slot: str, seconds: float) -> None:
+        """Give up the slot's requests unsent for ``seconds`` (over-cap Retry-After)."""
+        state = self._slots.get(slot)
+        if state is None:
+            state = self._slots[slot] = SlotState()
+        state.refuse_until = max(state.refuse_until, self.clock() + seconds)
+
+    def refused(self, slot: str) -> float:
+        state = self._slots.get(slot)
+        if state is None:
+            return 0.0
+        return max(0.0, state.refuse_until - self.clock())
+
+    def remaining(self, slot: str) -> float:
+        """Seconds until the slot's cooldown ends (wake jitter not included)."""
+        state = self._slots.get(slot)
+        if state is None:
+            return 0.0
+        return max(0.0, state.cooldown_until - self.clock())
+
+    def ready_at(self, slot: str, held: int = 1) -> float:
+        """When the slot's next request may leave; 0.0 when it may leave now.
+
+        ``held`` is how many requests wait for the slot: the first call after
+        the cooldown ends spreads that many releases over the wake window.
+        """
+        state = self._slots.get(slot)
+        if state is None:
+            return 0.0
+        now = self.clock()
+        if now < state.cooldown_until:
+            return state.cooldown_until
+        if now >= state.wake_end or state.wake_left == 0:
+            self._forget_if_done(slot, state, now)
+            return 0.0
+        if state.wake_left < 0:
+            state.wake_left = max(1, held)
+            state.next_release = next_release(
+                state.cooldown_until, state.wake_end, state.wake_left, self.rng.random()
+            )
+        return state.next_release if state.next_release > now else 0.0
+
+    def released(self, slot: str) -> None:
+        """Record that one held request of ``slot`` left during its wake window."""
+        state = self._slots.get(slot)
+        if state is None or state.wake_left <= 0:
+            return
+        state.wake_left -= 1
+        if state.wake_left:
+            state.next_release = next_release(
+                max(state.next_release, state.cooldown_until),
+                state.wake_end,
+                state.wake_left,
+                self.rng.random(),
+            )
+
+    def _forget_if_done(self, slot: str, state: SlotState, now: float) -> None:
+        if now >= state.wake_end and now >= state.refuse_until:
+            del self._slots[slot]
+
+    def sweep(self) -> int:
+        """Drop every slot with nothing left to remember; return how many."""
+        now = self.clock()
+        done = [
+            slot
+            for slot, state in self._slots.items()
+            if now >= state.wake_end and now >= state.refuse_until and now >= state.cooldown_until
+        ]
+        for slot in done:
+            del self._slots[slot]
+        return len(done)

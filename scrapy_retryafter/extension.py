@@ -1,0 +1,118 @@
+"""The Scrapy extension that owns the cooldown board for one crawl.
+
+Middleware and queue reach the same instance through ``RetryAfterExtension.of``,
+so there is one board per crawl whether or not the extension is listed in
+EXTENSIONS. It also does what only the engine side can: wake the engine when a
+held slot reopens, and take back requests that reached the downloader before
+their slot was throttled.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
+from twisted.python.failure import Failure
+
+from .board import CooldownBoard
+from .settings import Config, load_config
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+    from twisted.internet.interfaces import IDelayedCall
+
+    from typing_extensions import Self
+
+__all__ = ["RetryAfterExtension", "SlotCoolingDown"]
+
+logger = logging.getLogger(__name__)
+
+_SWEEP_INTERVAL = 30.0
+_private: weakref.WeakKeyDictionary[Any, RetryAfterExtension] = weakref.WeakKeyDictionary()
+
+
+class SlotCoolingDown(Exception):
+    """A request waited in the downloader for a slot that got throttled meanwhile."""
+
+    def __init__(self, slot: str) -> None:
+        super().__init__(f"download slot {slot!r} is cooling down")
+        self.slot = slot
+
+
+class RetryAfterExtension:
+    def __init__(self, crawler: Crawler, config: Config, clock: Any = time.monotonic) -> None:
+        self.crawler = crawler
+        self.config = config
+        self.clock = clock
+        self.board = CooldownBoard(clock=clock)
+        self.stats = crawler.stats
+        self._timer: IDelayedCall | None = None
+        self._timer_at = float("inf")
+        self._last_sweep = clock()
+        self.queue_holds_slots = False
+        """Set by CooldownAwarePriorityQueue: cooling slots wait in the scheduler."""
+        crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        return cls(crawler, load_config(crawler.settings))
+
+    @classmethod
+    def of(cls, crawler: Crawler) -> RetryAfterExtension:
+        """The crawl's one instance: the enabled extension, or a private one."""
+        extensions = getattr(crawler, "extensions", None)
+        if extensions is not None:
+            for extension in extensions.middlewares:
+                if isinstance(extension, cls):
+                    return extension
+        if crawler not in _private:
+            _private[crawler] = cls.from_crawler(crawler)
+        return _private[crawler]
+
+    def wake_at(self, when: float) -> None:
+        """Make the engine look at the scheduler again at ``when`` (clock time)."""
+        if when >= self._timer_at and self._timer is not None and self._timer.active():
+            return
+        delay = max(0.0, when - self.clock()) + 0.001
+        if self._timer is not None and self._timer.active():
+            self._timer.reset(delay)
+        else:
+            from twisted.internet import reactor
+
+            self._timer = reactor.callLater(delay, self._wake)  # type: ignore[attr-defined]
+        self._timer_at = when
+
+    def _wake(self) -> None:
+        self._timer_at = float("inf")
+        if self.clock() - self._last_sweep > _SWEEP_INTERVAL:
+            self._last_sweep = self.clock()
+            self.board.sweep()
+        self.nudge_engine()
+
+    def nudge_engine(self) -> None:
+        engine = getattr(self.crawler, "engine", None)
+        engine_slot = getattr(engine, "_slot", None)
+        nextcall = getattr(engine_slot, "nextcall", None)
+        if nextcall is not None:
+            nextcall.schedule()
+
+    def send_back(self, slot: str) -> int:
+        """Return to the scheduler the requests of ``slot`` not yet on the wire."""
+        engine = getattr(self.crawler, "engine", None)
+        downloader_slot = getattr(getattr(engine, "downloader", None), "slots", {}).get(slot)
+        if downloader_slot is None or not downloader_slot.queue:
+            return 0
+        waiting = list(downloader_slot.queue)
+        downloader_slot.queue.clear()
+        for _request, deferred in waiting:
+            deferred.errback(Failure(SlotCoolingDown(slot)))
+        self.stats.inc_value("retry_after/sent_back", len(waiting))
+        return len(waiting)
+
+    def _spider_closed(self, **kwargs: Any) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None

@@ -1,0 +1,218 @@
+"""The downloader middleware: a throttling response cools its whole slot.
+
+It sits at 560, before Scrapy's RetryMiddleware (550) sees the response. It
+reads Retry-After, asks the policy, writes the cooldown on the board and
+returns a copy of the request to the scheduler, where the queue holds it
+until the slot reopens.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
+from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.utils.defer import maybe_deferred_to_future
+
+from .extension import RetryAfterExtension, SlotCoolingDown
+from .headers import parse_http_date, parse_retry_after
+from .policy import Decision, decide
+
+if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+
+    from typing_extensions import Self
+
+__all__ = ["RetryAfterMiddleware"]
+
+logger = logging.getLogger(__name__)
+
+THROTTLES = "retry_after_throttles"
+MAX_RETRIES = "retry_after_max_retries"
+_POLL = 0.5
+
+
+class RetryAfterMiddleware:
+    def __init__(self, crawler: Crawler, extension: RetryAfterExtension) -> None:
+        self.crawler = crawler
+        self.extension = extension
+        self.config = extension.config
+        self.board = extension.board
+        self.stats = crawler.stats
+        self.rng = random.Random()
+        self._all_codes = self.config.all_codes
+        self._decided: weakref.WeakKeyDictionary[Response, Decision] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        extension = RetryAfterExtension.of(crawler)
+        if not extension.config.enabled:
+            raise NotConfigured("RETRY_AFTER_ENABLED is False")
+        middleware = cls(crawler, extension)
+        crawler.signals.connect(middleware._check_neighbours, signal=signals.spider_opened)
+        crawler.signals.connect(middleware._response_downloaded, signal=signals.response_downloaded)
+        return middleware
+
+    def _check_neighbours(self, **kwargs: Any) -> None:
+        """Stop stock RetryMiddleware from retrying our codes a second time."""
+        from scrapy.downloadermiddlewares.retry import RetryMiddleware as ScrapyRetryMiddleware
+
+        codes = self.config.all_codes
+        for middleware in self.crawler.engine.downloader.middleware.middlewares:  # type: ignore[union-attr]
+            if type(middleware) is ScrapyRetryMiddleware and codes & middleware.retry_http_codes:
+                middleware.retry_http_codes -= codes
+                logger.info(
+                    "Scrapy's RetryMiddleware will not retry %s: RetryAfterMiddleware owns them "
+                    "(ADDONS = {'scrapy_retryafter.Addon': 500} installs a RetryMiddleware that knows it)",
+                    sorted(codes),
+                )
+        if self.crawler.settings.getbool("HTTPCACHE_ENABLED"):
+            ignored = {int(code) for code in self.crawler.settings.getlist("HTTPCACHE_IGNORE_HTTP_CODES")}
+            if not codes <= ignored:
+                logger.warning(
+                    "HTTPCACHE_ENABLED caches throttling responses %s: add them to "
+                    "HTTPCACHE_IGNORE_HTTP_CODES, or use the add-on, which does",
+                    sorted(codes - ignored),
+                )
+
+    def _slot(self, request: Request) -> str:
+        return self.crawler.engine.downloader.get_slot_key(request)  # type: ignore[union-attr]
+
+    def process_request(
+        self, request: Request, spider: Spider | None = None
+    ) -> Coroutine[Any, Any, None] | None:
+        slot = self._slot(request)
+        if slot not in self.board:
+            return None
+        refused = self.board.refused(slot)
+        if refused:
+            self._give_up(request, slot, None, f"slot refuses requests for {refused:.0f}s more (Retry-After over the cap)")
+            raise IgnoreRequest(f"{slot} asked for a wait over RETRY_AFTER_MAX_DELAY")
+        if self.extension.queue_holds_slots or not self.board.remaining(slot):
+            return None
+        return self._hold(slot)
+
+    async def _hold(self, slot: str) -> None:
+        """Without the queue, wait out the cooldown here (this holds a download place)."""
+        jitter = self.rng.uniform(0.0, self.config.policy_for(slot).wake_jitter)
+        while True:
+            engine = self.crawler.engine
+            if engine is None or not engine.running:
+                raise IgnoreRequest(f"crawl stopping while {slot} cools down")
+            left = self.board.remaining(slot)
+            if left <= 0 and jitter <= 0:
+                return
+            step = min(left if left > 0 else jitter, _POLL)
+            if left <= 0:
+                jitter -= step
+            await maybe_deferred_to_future(_sleep(step))
+
+    def _response_downloaded(self, response: Response, request: Request, **kwargs: Any) -> None:
+        # Fired before the downloader frees the transfer place and sends the
+        # next queued request: cooling here keeps that request off the wire.
+        if response.status in self._all_codes:
+            self._throttle(request, response)
+
+    def _throttle(self, request: Request, response: Response) -> Decision | None:
+        """Cool the slot for a throttling response; remember what to do with it."""
+        slot = self._slot(request)
+        policy = self.config.policy_for(slot)
+        if response.status not in policy.http_codes:
+            return None
+        header = response.headers.get(b"Retry-After")
+        server_now = parse_http_date(response.headers.get(b"Date"))
+        retry_after = parse_retry_after(header, now=server_now)
+        if header is not None and retry_after is None:
+            self.stats.inc_value("retry_after/header_invalid")
+        throttles = request.meta.get(THROTTLES, 0) + 1
+        decision = decide(
+            policy,
+            status=response.status,
+            method=request.method,
+            has_idempotency_key=b"Idempotency-Key" in request.headers,
+            throttles=throttles,
+            retry_after=retry_after,
+            max_retries=request.meta.get(MAX_RETRIES),
+            rng=self.rng,
+        )
+        added = self.board.cool(slot, decision.cooldown, policy.wake_jitter)
+        if decision.refuse:
+            self.board.refuse(slot, decision.refuse)
+        self.stats.inc_value("retry_after/throttled")
+        self.stats.inc_value(f"retry_after/throttled/{response.status}")
+        if added:
+            self.stats.inc_value("retry_after/cooldown_seconds", round(added, 3))
+        self.extension.send_back(slot)
+        retrying = decision.retry and not request.meta.get("dont_retry", False)
+        logger.info(
+            "Throttled %(slot)s: %(status)d on %(request)s, attempt %(attempt)d, "
+            "Retry-After %(header)r, cooling %(wait).2fs (%(reason)s)%(outcome)s",
+            {
+                "slot": slot,
+                "status": response.status,
+                "request": request,
+                "attempt": throttles,
+                "header": header.decode("latin-1") if header is not None else None,
+                "wait": self.board.remaining(slot),
+                "reason": decision.reason,
+                "outcome": "" if retrying else ", not retried",
+            },
+            extra={"spider": self.crawler.spider},
+        )
+        self._decided[response] = decision
+        return decision
+
+    def process_response(
+        self, request: Request, response: Response, spider: Spider | None = None
+    ) -> Request | Response:
+        if response.status not in self._all_codes:
+            return response
+        decision = self._decided.pop(response, None) or self._throttle(request, response)
+        if decision is None:
+            return response
+        if not decision.retry or request.meta.get("dont_retry", False):
+            if not request.meta.get("dont_retry", False):
+                self._give_up(request, self._slot(request), response.status, decision.reason)
+            return response
+        self.stats.inc_value("retry_after/retried")
+        retry = request.copy()
+        retry.meta[THROTTLES] = request.meta.get(THROTTLES, 0) + 1
+        retry.dont_filter = True
+        return retry
+
+    def process_exception(
+        self, request: Request, exception: Exception, spider: Spider | None = None
+    ) -> Request | None:
+        if isinstance(exception, SlotCoolingDown):
+            back = request.copy()
+            back.dont_filter = True
+            return back
+        return None
+
+    def _give_up(self, request: Request, slot: str, status: int | None, reason: str) -> None:
+        """The one place a request stops being retried."""
+        self.stats.inc_value("retry_after/gave_up")
+        logger.warning(
+            "Gave up %(request)s on %(slot)s after %(throttles)d throttle(s)%(status)s: %(reason)s",
+            {
+                "request": request,
+                "slot": slot,
+                "throttles": request.meta.get(THROTTLES, 0) + (status is not None),
+                "status": f" (last {status})" if status is not None else "",
+                "reason": reason,
+            },
+            extra={"spider": self.crawler.spider},
+        )
+
+
+def _sleep(seconds: float) -> Any:
+    from twisted.internet import reactor, task
+
+    return task.deferLater(reactor, seconds, lambda: None)

@@ -1,0 +1,72 @@
+"""What to do with one throttling response: pure, so every rule is a table row.
+
+The decision says how long the slot cools down and whether the request is
+retried; the middleware carries it out. Keeping the two apart means the
+rules from the reference (Retry-After wins, pad it, cap it, bound retries,
+never repeat a non-idempotent request that may have run) are tested without
+a crawl.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from .backoff import Uniform, backoff
+
+__all__ = ["IDEMPOTENT_METHODS", "Decision", "SlotPolicy", "decide"]
+
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
+
+
+@dataclass(frozen=True)
+class SlotPolicy:
+    """Every value a user may set globally or per slot (RETRY_AFTER_SLOTS)."""
+
+    http_codes: frozenset[int] = field(default_factory=lambda: frozenset({429, 503}))
+    pad: float = 1.25
+    max_delay: float = 300.0
+    max_retries: int = 4
+    backoff_base: float = 1.0
+    backoff_max: float = 60.0
+    wake_jitter: float = 1.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    retry: bool
+    cooldown: float
+    """Seconds the whole slot waits from now (0.0: no cooldown)."""
+    refuse: float
+    """Seconds the slot's requests are given up unsent (Retry-After over the cap)."""
+    reason: str
+
+
+def decide(
+    policy: SlotPolicy,
+    *,
+    status: int,
+    method: str,
+    has_idempotency_key: bool,
+    throttles: int,
+    retry_after: float | None,
+    max_retries: int | None = None,
+    rng: Uniform = random,
+) -> Decision:
+    """Decide for a request throttled for the ``throttles``-th time (1-based)."""
+    limit = policy.max_retries if max_retries is None else max_retries
+    if retry_after is not None and retry_after > policy.max_delay:
+        refuse = retry_after if math.isfinite(retry_after) else math.inf
+        return Decision(False, 0.0, refuse, f"Retry-After {retry_after:g}s is over the {policy.max_delay:g}s cap")
+    if retry_after is not None and retry_after > 0:
+        cooldown = retry_after * policy.pad
+        why = f"Retry-After {retry_after:g}s x{policy.pad:g}"
+    else:
+        cooldown = backoff(throttles, policy.backoff_base, policy.backoff_max, rng)
+        why = "no usable Retry-After, backoff"
+    if status != 429 and method.upper() not in IDEMPOTENT_METHODS and not has_idempotency_key:
+        return Decision(False, cooldown, 0.0, f"{method.upper()} without Idempotency-Key is not repeated after {status}")
+    if throttles > limit:
+        return Decision(False, cooldown, 0.0, f"{limit} retries exhausted")
+    return Decision(True, cooldown, 0.0, why)

@@ -1,0 +1,105 @@
+"""The scheduler priority queue that keeps a cooling slot's requests at home.
+
+Requests of a throttled slot wait here, in the scheduler (on disk with
+JOBDIR), instead of in the downloader where they would hold
+CONCURRENT_REQUESTS and stall a Ctrl-C. Every other slot keeps flowing, in
+the same order DownloaderAwarePriorityQueue would give.
+"""
+
+from __future__ import annotations
+
+from contextlib import suppress
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from scrapy.pqueues import DownloaderAwarePriorityQueue, _path_safe
+
+from .extension import RetryAfterExtension
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+
+__all__ = ["CooldownAwarePriorityQueue"]
+
+
+class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
+    """DownloaderAwarePriorityQueue that hands out a slot's request only when
+    that slot may send it now: not cooling down, and with a free place in its
+    downloader slot (so nothing queues inside the downloader)."""
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        downstream_queue_cls: type[Any],
+        key: str,
+        slot_startprios: dict[str, Iterable[int]] | None = None,
+        *,
+        start_queue_cls: type[Any] | None = None,
+    ) -> None:
+        super().__init__(
+            crawler,
+            downstream_queue_cls,
+            key,
+            slot_startprios,
+            start_queue_cls=start_queue_cls,
+        )
+        self._extension = RetryAfterExtension.of(crawler)
+        self._extension.queue_holds_slots = True
+        self._board = self._extension.board
+        self._downloader_slots = crawler.engine.downloader.slots  # type: ignore[union-attr]
+
+    def _ready(self) -> list[tuple[int, str]]:
+        """(active downloads, slot) of every slot that may send now."""
+        board = self._board
+        downloader_slots = self._downloader_slots
+        now = board.clock()
+        wake = float("inf")
+        ready: list[tuple[int, str]] = []
+        for slot, queue in self.pqueues.items():
+            if slot in board:
+                when = board.ready_at(slot, len(queue))
+                if when > now:
+                    wake = min(wake, when)
+                    continue
+            downloader_slot = downloader_slots.get(slot)
+            if downloader_slot is None:
+                ready.append((0, slot))
+                continue
+            active = len(downloader_slot.active)
+            if active < downloader_slot.concurrency:
+                ready.append((active, slot))
+        if wake != float("inf"):
+            self._extension.wake_at(wake)
+        return ready
+
+    def _choose(self, ready: list[tuple[int, str]], *, update_state: bool) -> str:
+        next_slot = getattr(self, "_next_slot", None)
+        if next_slot is not None:
+            return next_slot(ready, update_state=update_state)  # type: ignore[no-any-return]
+        return min(ready)[1]
+
+    def pop(self) -> Request | None:
+        ready = self._ready()
+        if not ready:
+            return None
+        slot = self._choose(ready, update_state=True)
+        queue = self.pqueues[slot]
+        request = queue.pop()
+        if slot in self._board:
+            self._board.released(slot)
+        if len(queue) == 0:
+            del self.pqueues[slot]
+            queue.close()
+            if self.key:
+                with suppress(OSError):
+                    Path(self.key, _path_safe(slot)).rmdir()
+        return request
+
+    def peek(self) -> Request | None:
+        ready = self._ready()
+        if not ready:
+            return None
+        return self.pqueues[self._choose(ready, update_state=False)].peek()

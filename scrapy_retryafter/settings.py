@@ -1,0 +1,165 @@
+"""Reading and validating the RETRY_AFTER_* settings once, at crawl start.
+
+A typo in a setting should stop the crawl before the first request with a
+message that names the setting and what it accepts, not surface an hour later
+as a crawl that never waits.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from .policy import SlotPolicy
+
+__all__ = ["Config", "RetryAfterSettingError", "load_config", "SETTING_NAMES"]
+
+
+class RetryAfterSettingError(ValueError):
+    """A RETRY_AFTER_* setting has a value the package cannot use."""
+
+
+SETTING_NAMES: dict[str, str] = {
+    "http_codes": "RETRY_AFTER_HTTP_CODES",
+    "pad": "RETRY_AFTER_PAD",
+    "max_delay": "RETRY_AFTER_MAX_DELAY",
+    "max_retries": "RETRY_AFTER_MAX_RETRIES",
+    "backoff_base": "RETRY_AFTER_BACKOFF_BASE",
+    "backoff_max": "RETRY_AFTER_BACKOFF_MAX",
+    "wake_jitter": "RETRY_AFTER_WAKE_JITTER",
+}
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool):
+        raise TypeError
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError
+    return number
+
+
+def _integer(value: Any) -> int:
+    if isinstance(value, bool):
+        raise TypeError
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError
+    return int(value)
+
+
+def _codes(value: Any) -> frozenset[int]:
+    if isinstance(value, str):
+        value = [part for part in value.replace(",", " ").split() if part]
+    codes = frozenset(_integer(code) for code in value)
+    if not codes or any(not 100 <= code <= 599 for code in codes):
+        raise ValueError
+    return codes
+
+
+_Check = tuple[Callable[[Any], Any], Callable[[Any], bool], str]
+
+_CHECKS: dict[str, _Check] = {
+    "http_codes": (_codes, bool, "a non-empty list of HTTP status codes from 100 to 599"),
+    "pad": (_number, lambda v: v >= 1.0, "a number >= 1.0 (the server's wait is never shortened)"),
+    "max_delay": (_number, lambda v: v > 0, "a number of seconds > 0"),
+    "max_retries": (_integer, lambda v: v >= 0, "a whole number >= 0"),
+    "backoff_base": (_number, lambda v: v > 0, "a number of seconds > 0"),
+    "backoff_max": (_number, lambda v: v > 0, "a number of seconds > 0"),
+    "wake_jitter": (_number, lambda v: v >= 0, "a number of seconds >= 0"),
+}
+
+
+def _checked(name: str, key: str, raw: Any) -> Any:
+    convert, ok, accepted = _CHECKS[key]
+    try:
+        value = convert(raw)
+    except (TypeError, ValueError, OverflowError):
+        value = None
+    if value is None or not ok(value):
+        raise RetryAfterSettingError(f"{name} must be {accepted}; got {raw!r}")
+    return value
+
+
+def _policy(base: SlotPolicy, raw: Mapping[str, Any], where: Callable[[str], str]) -> SlotPolicy:
+    values = {key: _checked(where(key), key, value) for key, value in raw.items()}
+    policy = replace(base, **values)
+    if policy.backoff_max < policy.backoff_base:
+        raise RetryAfterSettingError(
+            f"{where('backoff_max')} must be >= {where('backoff_base')}; "
+            f"got {policy.backoff_max!r} < {policy.backoff_base!r}"
+        )
+    return policy
+
+
+@dataclass(frozen=True)
+class Config:
+    enabled: bool
+    default: SlotPolicy
+    slots: Mapping[str, SlotPolicy]
+
+    def policy_for(self, slot: str) -> SlotPolicy:
+        return self.slots.get(slot, self.default)
+
+    @property
+    def all_codes(self) -> frozenset[int]:
+        codes = set(self.default.http_codes)
+        for policy in self.slots.values():
+            codes |= policy.http_codes
+        return frozenset(codes)
+
+
+def _bool(name: str, raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, int) and raw in (0, 1):
+        return bool(raw)
+    if isinstance(raw, str) and raw.strip().lower() in ("true", "false", "1", "0"):
+        return raw.strip().lower() in ("true", "1")
+    raise RetryAfterSettingError(f"{name} must be True or False; got {raw!r}")
+
+
+def _slots(raw: Any) -> dict[str, Mapping[str, Any]]:
+    if raw is None:
+        return {}
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            raw = None
+    if not isinstance(raw, Mapping) or not all(
+        isinstance(key, str) and isinstance(value, Mapping) for key, value in raw.items()
+    ):
+        raise RetryAfterSettingError(
+            "RETRY_AFTER_SLOTS must be a dict of slot name to a dict of "
+            f"policy values; got {raw!r}"
+        )
+    return {key: dict(value) for key, value in raw.items()}
+
+
+def load_config(settings: Mapping[str, Any] | Any) -> Config:
+    """Build the validated configuration from Scrapy settings (or a dict)."""
+    get = settings.get
+    enabled = _bool("RETRY_AFTER_ENABLED", get("RETRY_AFTER_ENABLED", True))
+    defaults = SlotPolicy()
+    given = {
+        key: get(name)
+        for key, name in SETTING_NAMES.items()
+        if get(name) is not None
+    }
+    default = _policy(defaults, given, SETTING_NAMES.__getitem__)
+    known = {f.name for f in fields(SlotPolicy)}
+    slots: dict[str, SlotPolicy] = {}
+    for slot, overrides in _slots(get("RETRY_AFTER_SLOTS")).items():
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise RetryAfterSettingError(
+                f"RETRY_AFTER_SLOTS[{slot!r}] has unknown key(s) {', '.join(map(repr, unknown))}; "
+                f"accepted keys: {', '.join(sorted(known))}"
+            )
+        slots[slot] = _policy(
+            default, overrides, lambda key, slot=slot: f"RETRY_AFTER_SLOTS[{slot!r}][{key!r}]"
+        )
+    return Config(enabled=enabled, default=default, slots=slots)

@@ -1,0 +1,218 @@
+"""A throttling HTTP server on loopback, for tests, the example and benchmarks.
+
+Each host listens on its own 127.0.0.x address (Scrapy keys download slots by
+host name, so distinct addresses are distinct slots) on a free port. A host
+limits with a token bucket, rejects with 429 or 503, announces Retry-After
+in any form (seconds, HTTP-date, absent, garbage, or a literal) and can
+punish hits inside a penalty the way real limiters do. Every arrival is
+logged with its time, so tests assert on what the server saw.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from typing import Any
+
+from twisted.internet import defer
+from twisted.web import resource, server
+
+__all__ = ["Arrival", "HostConfig", "ThrottlingServer", "Host"]
+
+
+@dataclass
+class HostConfig:
+    """How one host limits. The defaults serve everything at once."""
+
+    rate: float | None = None
+    """Requests per second the token bucket refills; None means no limit."""
+    burst: float = 1.0
+    status: int = 429
+    retry_after: str = "seconds"
+    """"seconds", "date", "absent", "garbage", or any other text sent as is."""
+    penalty: float = 1.0
+    """Seconds the host refuses everything after a rejection (announced in
+    Retry-After); 0 rejects only while the bucket is empty."""
+    extend_on_hit: bool = False
+    """A request inside the penalty restarts it (the reference's ladder)."""
+    reject_first: int = 0
+    """The first N requests are rejected whatever the bucket says."""
+    latency: float = 0.0
+    clock_skew: float = 0.0
+    """Seconds added to the server's own Date (and HTTP-date Retry-After)."""
+    outage: tuple[float, float] | None = None
+    """(start, end) seconds after the server started: answer `status` without
+    Retry-After to everything in between."""
+
+
+@dataclass
+class Arrival:
+    t: float
+    host: str
+    method: str
+    path: str
+    status: int
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class Host:
+    """One limited host; its state changes only inside the reactor thread."""
+
+    def __init__(self, server: ThrottlingServer, address: str, config: HostConfig) -> None:
+        self.server = server
+        self.address = address
+        self.config = config
+        self.port: int | None = None
+        self.tokens = config.burst
+        self.refilled = server.clock()
+        self.penalty_until = 0.0
+        self.seen = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+    def url(self, path: str = "/") -> str:
+        return self.base_url + path
+
+    def set_rate(self, rate: float | None) -> None:
+        self._refill(self.server.clock())
+        self.config.rate = rate
+
+    def _refill(self, now: float) -> None:
+        if self.config.rate is not None:
+            self.tokens = min(self.config.burst, self.tokens + (now - self.refilled) * self.config.rate)
+        self.refilled = now
+
+    def admit(self, now: float) -> tuple[int, float | None]:
+        """(status, seconds to announce in Retry-After or None)."""
+        config = self.config
+        self.seen += 1
+        self._refill(now)
+        if config.outage is not None:
+            start, end = config.outage
+            if start <= now - self.server.started < end:
+                return config.status, None
+        if now < self.penalty_until:
+            if config.extend_on_hit:
+                self.penalty_until = now + config.penalty
+            return config.status, self.penalty_until - now
+        limited = config.rate is not None and self.tokens < 1.0
+        if self.seen <= config.reject_first or limited:
+            if config.penalty > 0:
+                self.penalty_until = now + config.penalty
+                return config.status, config.penalty
+            wait = (1.0 - self.tokens) / config.rate if config.rate else 1.0
+            return config.status, wait
+        if config.rate is not None:
+            self.tokens -= 1.0
+        return 200, None
+
+    def retry_after_header(self, wait: float | None, wall: float) -> str | None:
+        mode = self.config.retry_after
+        if wait is None or mode == "absent":
+            return None
+        seconds = max(1, math.ceil(wait - 1e-9))
+        if mode == "seconds":
+            return str(seconds)
+        if mode == "date":
+            return formatdate(math.floor(wall) + seconds, usegmt=True)
+        if mode == "garbage":
+            return "soon, maybe"
+        return mode
+
+
+class _Resource(resource.Resource):
+    isLeaf = True
+
+    def __init__(self, host: Host) -> None:
+        super().__init__()
+        self.host = host
+
+    def render(self, request: Any) -> Any:
+        host = self.host
+        srv = host.server
+        now = srv.clock()
+        status, wait = host.admit(now)
+        path = request.uri.decode("latin-1")
+        headers = {
+            key.decode("latin-1").lower(): values[0].decode("latin-1")
+            for key, values in request.requestHeaders.getAllRawHeaders()
+        }
+        srv.log.append(Arrival(now, host.address, request.method.decode(), path, status, headers))
+        wall = time.time() + host.config.clock_skew
+        request.setResponseCode(status)
+        request.setHeader(b"Date", formatdate(math.floor(wall), usegmt=True).encode())
+        request.setHeader(b"Content-Type", b"text/html; charset=utf-8")
+        value = host.retry_after_header(wait, wall)
+        if value is not None:
+            request.setHeader(b"Retry-After", value.encode("latin-1"))
+        body = srv.page(host, path, status).encode()
+        if host.config.latency <= 0:
+            return body
+
+        def finish() -> None:
+            if not request.finished and not getattr(request, "_disconnected", False):
+                request.write(body)
+                request.finish()
+
+        from twisted.internet import reactor
+
+        reactor.callLater(host.config.latency, finish)  # type: ignore[attr-defined]
+        return server.NOT_DONE_YET
+
+
+def default_page(host: Host, path: str, status: int) -> str:
+    if status != 200:
+        return f"<html><body>{status}</body></html>"
+    return f"<html><body><h1>{host.address}{path}</h1></body></html>"
+
+
+class ThrottlingServer:
+    """Several limited hosts on loopback, started and stopped together."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        page: Callable[[Host, str, int], str] = default_page,
+    ) -> None:
+        self.clock = clock
+        self.page = page
+        self.hosts: list[Host] = []
+        self.log: list[Arrival] = []
+        self.started = clock()
+        self._ports: list[Any] = []
+
+    def add_host(self, config: HostConfig | None = None, address: str | None = None) -> Host:
+        address = address or f"127.0.0.{len(self.hosts) + 2}"
+        host = Host(self, address, config or HostConfig())
+        self.hosts.append(host)
+        return host
+
+    def start(self) -> ThrottlingServer:
+        from twisted.internet import reactor
+
+        self.started = self.clock()
+        for host in self.hosts:
+            if host.port is None:
+                site = server.Site(_Resource(host))
+                site.noisy = False
+                port = reactor.listenTCP(0, site, interface=host.address)  # type: ignore[attr-defined]
+                host.port = port.getHost().port
+                self._ports.append(port)
+        return self
+
+    def stop(self) -> defer.Deferred[Any]:
+        ports, self._ports = self._ports, []
+        return defer.gatherResults([defer.maybeDeferred(port.stopListening) for port in ports])
+
+    def arrivals(self, host: Host | str | None = None, status: int | None = None) -> list[Arrival]:
+        address = host.address if isinstance(host, Host) else host
+        return [
+            arrival
+            for arrival in self.log
+            if (address is None or arrival.host == address) and (status is None or arrival.status == status)
+        ]

@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import pytest_twisted
+from scrapy import Request, Spider
+from scrapy.crawler import CrawlerRunner
+
+from scrapy_retryafter.testing.server import ThrottlingServer
+
+BASE_SETTINGS: dict[str, Any] = {
+    "LOG_LEVEL": "INFO",
+    "TELNETCONSOLE_ENABLED": False,
+    "ROBOTSTXT_OBEY": False,
+    "COOKIES_ENABLED": False,
+    "LOGSTATS_INTERVAL": 0,
+    "DOWNLOAD_DELAY": 0,
+    "TWISTED_REACTOR": "twisted.internet.asyncioreactor.AsyncioSelectorReactor",
+}
+
+ADDON = {"ADDONS": {"scrapy_retryafter.Addon": 500}}
+
+
+class ListSpider(Spider):
+    """Fetches the given requests and records what came back, and when."""
+
+    name = "list"
+
+    def __init__(self, requests: list[Request] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.to_send = requests or []
+        self.seen: list[tuple[str, int]] = []
+        self.failures: list[Any] = []
+
+    async def start(self):  # type: ignore[override]
+        for request in self.to_send:
+            yield request.replace(callback=self.parse, errback=self.failed)
+
+    def parse(self, response: Any) -> None:
+        self.seen.append((response.url, response.status))
+
+    def failed(self, failure: Any) -> None:
+        self.failures.append(failure)
+
+
+@pytest.fixture
+def server():
+    srv = ThrottlingServer()
+    yield srv
+    pytest_twisted.blockon(srv.stop())
+
+
+async def crawl(requests: list[Request], settings: dict[str, Any] | None = None, spider_cls: type[Spider] = ListSpider):
+    runner = CrawlerRunner({**BASE_SETTINGS, **(settings or {})})
+    crawler = runner.create_crawler(spider_cls)
+    await crawler.crawl(requests=requests)
+    return crawler

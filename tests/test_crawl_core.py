@@ -1,0 +1,238 @@
+"""Real crawls against the throttling server: the core promises of the package."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import pytest_twisted
+from scrapy import Request
+
+from scrapy_retryafter import RetryAfterSettingError
+from scrapy_retryafter.testing.server import HostConfig
+
+from .conftest import ADDON, crawl
+
+PAD = 1.25
+JITTER = 1.0
+DISPATCH = 0.5
+
+
+def gaps(arrivals):
+    return [b.t - a.t for a, b in zip(arrivals, arrivals[1:])]
+
+
+@pytest.mark.parametrize("form", ["seconds", "date"])
+@pytest_twisted.ensureDeferred
+async def test_retry_after_2_holds_the_retry_for_2_5_seconds(server, form):
+    host = server.add_host(HostConfig(reject_first=1, penalty=2.0, retry_after=form))
+    server.start()
+    crawler = await crawl([Request(host.url("/page/1"))], ADDON)
+    arrivals = server.arrivals(host)
+    assert [a.status for a in arrivals] == [429, 200]
+    gap = gaps(arrivals)[0]
+    assert 2 * PAD - 0.01 <= gap <= 2 * PAD + JITTER + DISPATCH
+    assert crawler.spider.seen == [(host.url("/page/1"), 200)]
+    stats = crawler.stats.get_stats()
+    assert stats["retry_after/throttled/429"] == 1
+    assert stats["retry_after/retried"] == 1
+    assert "retry/count" not in stats
+
+
+@pytest_twisted.ensureDeferred
+async def test_http_date_is_measured_against_the_response_date(server):
+    # The server's clock is an hour behind ours: only its own Date makes sense of it.
+    host = server.add_host(HostConfig(reject_first=1, penalty=2.0, retry_after="date", clock_skew=-3600))
+    server.start()
+    await crawl([Request(host.url("/"))], ADDON)
+    arrivals = server.arrivals(host)
+    assert [a.status for a in arrivals] == [429, 200]
+    assert 2 * PAD - 0.01 <= gaps(arrivals)[0] <= 2 * PAD + JITTER + DISPATCH
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_cooldown_holds_its_whole_slot_while_another_host_is_served(server):
+    slow = server.add_host(HostConfig(reject_first=1, penalty=2.0))
+    free = server.add_host(HostConfig(latency=0.05))
+    server.start()
+    slow_address = slow.address
+    settings = {
+        **ADDON,
+        # A download delay keeps requests waiting inside the downloader slot:
+        # those were handed over before the throttle and must not be sent.
+        "DOWNLOAD_SLOTS": {slow_address: {"concurrency": 4, "delay": 0.4}},
+        "CONCURRENT_REQUESTS": 16,
+    }
+    requests = [Request(slow.url(f"/a/{i}")) for i in range(6)]
+    requests += [Request(free.url(f"/b/{i}")) for i in range(60)]
+    crawler = await crawl(requests, settings)
+    throttled = server.arrivals(slow, status=429)
+    assert len(throttled) == 1
+    window_start = throttled[0].t
+    window_end = window_start + 2 * PAD
+    inside = [a for a in server.arrivals(slow) if window_start < a.t < window_end]
+    assert inside == []
+    served_meanwhile = [a for a in server.arrivals(free) if window_start < a.t < window_end]
+    assert served_meanwhile
+    assert len({url for url, status in crawler.spider.seen if status == 200}) == 66
+    assert crawler.stats.get_value("retry_after/sent_back") >= 1
+
+
+@pytest.mark.parametrize("form", ["absent", "garbage"])
+@pytest_twisted.ensureDeferred
+async def test_no_usable_retry_after_falls_back_to_bounded_jittered_backoff(server, form):
+    host = server.add_host(HostConfig(reject_first=3, penalty=0, retry_after=form))
+    server.start()
+    settings = {**ADDON, "RETRY_AFTER_BACKOFF_BASE": 0.2, "RETRY_AFTER_BACKOFF_MAX": 0.4, "RETRY_AFTER_WAKE_JITTER": 0}
+    crawler = await crawl([Request(host.url("/"))], settings)
+    arrivals = server.arrivals(host)
+    assert [a.status for a in arrivals] == [429, 429, 429, 200]
+    for attempt, gap in enumerate(gaps(arrivals), start=1):
+        assert gap <= min(0.4, 0.2 * 2 ** (attempt - 1)) + DISPATCH
+    invalid = crawler.stats.get_value("retry_after/header_invalid")
+    assert invalid == (3 if form == "garbage" else None)
+
+
+@pytest_twisted.ensureDeferred
+async def test_retry_after_over_the_cap_gives_up_the_slot_at_once(server):
+    host = server.add_host(HostConfig(reject_first=10**6, penalty=0.01, retry_after="3600"))
+    server.start()
+    started = time.monotonic()
+    crawler = await crawl([Request(host.url(f"/{i}")) for i in range(5)], {**ADDON, "CONCURRENT_REQUESTS_PER_DOMAIN": 1})
+    assert time.monotonic() - started < 5
+    assert len(server.arrivals(host)) == 1
+    assert crawler.stats.get_value("retry_after/gave_up") == 5
+    assert crawler.spider.seen == []
+    assert len(crawler.spider.failures) == 5
+
+
+@pytest_twisted.ensureDeferred
+async def test_gives_up_after_max_retries_and_scrapy_does_not_retry_again(server):
+    host = server.add_host(HostConfig(reject_first=10**6, penalty=0.01, retry_after="0.2"))
+    server.start()
+    settings = {**ADDON, "RETRY_AFTER_MAX_RETRIES": 2, "RETRY_AFTER_PAD": 1.0, "RETRY_AFTER_WAKE_JITTER": 0}
+    crawler = await crawl([Request(host.url("/"))], settings)
+    assert len(server.arrivals(host)) == 3
+    stats = crawler.stats.get_stats()
+    assert stats["retry_after/gave_up"] == 1
+    assert stats["retry_after/retried"] == 2
+    assert "retry/count" not in stats
+    assert len(crawler.spider.failures) == 1  # HttpError for the final 429
+
+
+@pytest.mark.parametrize("key, expected", [(None, [503]), ("k-1", [503, 200])])
+@pytest_twisted.ensureDeferred
+async def test_post_on_503_is_retried_only_with_an_idempotency_key(server, key, expected):
+    host = server.add_host(HostConfig(status=503, reject_first=1, penalty=0.01, retry_after="0.2"))
+    server.start()
+    headers = {"Idempotency-Key": key} if key else {}
+    crawler = await crawl([Request(host.url("/order"), method="POST", body=b"x", headers=headers)], {**ADDON, "RETRY_AFTER_WAKE_JITTER": 0})
+    assert [a.status for a in server.arrivals(host)] == expected
+    if key:
+        assert server.arrivals(host)[1].headers["idempotency-key"] == key
+    else:
+        assert crawler.stats.get_value("retry_after/gave_up") == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_post_on_429_is_retried_without_a_key(server):
+    host = server.add_host(HostConfig(reject_first=1, penalty=0.01, retry_after="0.2"))
+    server.start()
+    await crawl([Request(host.url("/order"), method="POST", body=b"x")], {**ADDON, "RETRY_AFTER_WAKE_JITTER": 0})
+    assert [a.status for a in server.arrivals(host)] == [429, 200]
+
+
+@pytest_twisted.ensureDeferred
+async def test_custom_settings_and_per_slot_overrides(server):
+    strict = server.add_host(HostConfig(reject_first=1, penalty=0.01, retry_after="0.2"))
+    lenient = server.add_host(HostConfig(reject_first=1, penalty=0.01, retry_after="0.2"))
+    server.start()
+
+    from .conftest import ListSpider
+
+    class Configured(ListSpider):
+        custom_settings = {
+            **ADDON,
+            "RETRY_AFTER_WAKE_JITTER": 0,
+            "RETRY_AFTER_SLOTS": {strict.address: {"max_retries": 0}},
+        }
+
+    crawler = await crawl([Request(strict.url("/")), Request(lenient.url("/"))], spider_cls=Configured)
+    assert [a.status for a in server.arrivals(strict)] == [429]
+    assert [a.status for a in server.arrivals(lenient)] == [429, 200]
+    assert crawler.stats.get_value("retry_after/gave_up") == 1
+
+
+@pytest.mark.parametrize(
+    "settings, named",
+    [
+        ({"RETRY_AFTER_PAD": -1}, "RETRY_AFTER_PAD"),
+        ({"RETRY_AFTER_MAX_DELAY": -5}, "RETRY_AFTER_MAX_DELAY"),
+        ({"RETRY_AFTER_HTTP_CODES": [429, 700]}, "RETRY_AFTER_HTTP_CODES"),
+        ({"RETRY_AFTER_SLOTS": {"example.com": {"retries": 3}}}, "RETRY_AFTER_SLOTS['example.com'] has unknown key(s) 'retries'"),
+    ],
+)
+@pytest_twisted.ensureDeferred
+async def test_invalid_settings_stop_the_crawl_at_start(server, settings, named):
+    host = server.add_host()
+    server.start()
+    with pytest.raises(RetryAfterSettingError, match=named.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        await crawl([Request(host.url("/"))], {**ADDON, **settings})
+    assert server.arrivals(host) == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_middleware_alone_still_obeys_the_cooldown(server):
+    host = server.add_host(HostConfig(reject_first=1, penalty=2.0))
+    server.start()
+    settings = {"DOWNLOADER_MIDDLEWARES": {"scrapy_retryafter.RetryAfterMiddleware": 560}}
+    crawler = await crawl([Request(host.url(f"/{i}")) for i in range(3)], {**settings, "CONCURRENT_REQUESTS_PER_DOMAIN": 1})
+    arrivals = server.arrivals(host)
+    assert [a.status for a in arrivals] == [429, 200, 200, 200]
+    assert gaps(arrivals)[0] >= 2 * PAD - 0.01
+    assert "retry/count" not in crawler.stats.get_stats()
+
+
+@pytest_twisted.ensureDeferred
+async def test_middleware_alone_keeps_scrapy_from_retrying_after_a_give_up(server):
+    host = server.add_host(HostConfig(reject_first=10**6, penalty=0.01, retry_after="0.1"))
+    server.start()
+    settings = {
+        "DOWNLOADER_MIDDLEWARES": {"scrapy_retryafter.RetryAfterMiddleware": 560},
+        "RETRY_AFTER_MAX_RETRIES": 1,
+        "RETRY_AFTER_PAD": 1.0,
+    }
+    crawler = await crawl([Request(host.url("/"))], settings)
+    assert len(server.arrivals(host)) == 2
+    assert "retry/count" not in crawler.stats.get_stats()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_throttle_is_never_served_from_the_http_cache(server, tmp_path):
+    host = server.add_host(HostConfig(reject_first=1, penalty=0.2, retry_after="1"))
+    server.start()
+    settings = {**ADDON, "HTTPCACHE_ENABLED": True, "HTTPCACHE_DIR": str(tmp_path / "cache"), "RETRY_AFTER_PAD": 1.0}
+    crawler = await crawl([Request(host.url("/"))], settings)
+    assert [a.status for a in server.arrivals(host)] == [429, 200]
+    assert crawler.spider.seen == [(host.url("/"), 200)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_stopping_during_a_long_cooldown_ends_the_crawl_within_seconds(server):
+    host = server.add_host(HostConfig(reject_first=1, penalty=60.0))
+    server.start()
+    from scrapy.crawler import CrawlerRunner
+    from .conftest import BASE_SETTINGS, ListSpider
+
+    runner = CrawlerRunner({**BASE_SETTINGS, **ADDON})
+    crawler = runner.create_crawler(ListSpider)
+    done = crawler.crawl(requests=[Request(host.url(f"/{i}")) for i in range(4)])
+    from twisted.internet import reactor, task
+
+    await task.deferLater(reactor, 1.0, lambda: None)
+    assert crawler.stats.get_value("retry_after/throttled") >= 1
+    stopping = time.monotonic()
+    stop = getattr(crawler, "stop_async", None)
+    await (stop() if stop else crawler.stop())
+    await done
+    assert time.monotonic() - stopping < 3
