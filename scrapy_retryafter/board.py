@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from .backoff import Uniform
+from .rate import Meter, RateController
 
 __all__ = ["CooldownBoard", "SlotState"]
 
@@ -26,7 +27,9 @@ class Random(Uniform, Protocol):
 class SlotState:
     """What the board remembers of one slot (a small object: memory per slot matters)."""
 
-    __slots__ = ("cooldown_until", "refuse_until", "wake_end", "wake_left", "next_release")
+    __slots__ = (
+        "cooldown_until", "refuse_until", "wake_end", "wake_left", "next_release", "pace", "next_paced", "last_seen",
+    )
 
     def __init__(self) -> None:
         self.cooldown_until = 0.0
@@ -34,6 +37,9 @@ class SlotState:
         self.wake_end = 0.0
         self.wake_left = -1
         self.next_release = 0.0
+        self.pace: RateController | None = None
+        self.next_paced = 0.0
+        self.last_seen = 0.0
 
 
 def next_release(start: float, end: float, left: int, u: float) -> float:
@@ -53,11 +59,17 @@ class CooldownBoard:
     """Per-slot cooldowns: the largest wait wins; a success never clears one."""
 
     def __init__(
-        self, clock: Callable[[], float] = time.monotonic, rng: Random = random  # type: ignore[assignment]
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        rng: Random = random,  # type: ignore[assignment]
+        pace_memory: float = 600.0,
     ) -> None:
         self.clock = clock
         self.rng = rng
+        self.pace_memory = pace_memory
+        """Seconds a learned rate outlives the slot's last request."""
         self._slots: dict[str, SlotState] = {}
+        self._meters: dict[str, Meter] = {}
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -114,21 +126,30 @@ class CooldownBoard:
             return 0.0
         now = self.clock()
         if now < state.cooldown_until:
-            return state.cooldown_until
+            return max(state.cooldown_until, state.next_paced)
+        paced = state.next_paced if state.next_paced > now else 0.0
         if now >= state.wake_end or state.wake_left == 0:
-            self._forget_if_done(slot, state, now)
-            return 0.0
+            if not paced:
+                self._forget_if_done(slot, state, now)
+            return paced
         if state.wake_left < 0:
             state.wake_left = max(1, held)
             state.next_release = next_release(
                 state.cooldown_until, state.wake_end, state.wake_left, self.rng.random()
             )
-        return state.next_release if state.next_release > now else 0.0
+        woken = state.next_release if state.next_release > now else 0.0
+        return max(woken, paced)
 
     def released(self, slot: str) -> None:
         """Record that one held request of ``slot`` left during its wake window."""
         state = self._slots.get(slot)
-        if state is None or state.wake_left <= 0:
+        if state is None:
+            return
+        now = self.clock()
+        state.last_seen = now
+        if state.pace is not None:
+            state.next_paced = now + 1.0 / state.pace.rate
+        if state.wake_left <= 0:
             return
         state.wake_left -= 1
         if state.wake_left:
@@ -139,18 +160,57 @@ class CooldownBoard:
                 self.rng.random(),
             )
 
+    def succeeded(self, slot: str) -> None:
+        """A response that was not a throttle: feeds the meter and the pace."""
+        now = self.clock()
+        meter = self._meters.get(slot)
+        if meter is None:
+            meter = self._meters[slot] = Meter(now)
+        measured = meter.tick(now)
+        state = self._slots.get(slot)
+        if state is not None and state.pace is not None:
+            state.pace.succeeded(measured, now)
+            state.last_seen = now
+
+    def throttled(self, slot: str, sent_at: float, beta: float = 0.7) -> float | None:
+        """Cut the slot's pace once per throttle event; return the new rate.
+
+        A throttle of a request sent before the last cut belongs to the event
+        that caused that cut (one penalty answering every in-flight request).
+        """
+        now = self.clock()
+        state = self._slots.get(slot)
+        if state is None:
+            state = self._slots[slot] = SlotState()
+        state.last_seen = now
+        if state.pace is None:
+            state.pace = RateController(beta=beta)
+        elif sent_at < state.pace.last_cut:
+            return None
+        meter = self._meters.get(slot)
+        measured = meter.current(now) if meter is not None else 0.0
+        return state.pace.throttled(measured, now)
+
+    def rate(self, slot: str) -> float | None:
+        state = self._slots.get(slot)
+        return state.pace.rate if state is not None and state.pace is not None else None
+
+    def _done(self, state: SlotState, now: float) -> bool:
+        if now < state.wake_end or now < state.refuse_until or now < state.cooldown_until:
+            return False
+        return state.pace is None or now - state.last_seen > self.pace_memory
+
     def _forget_if_done(self, slot: str, state: SlotState, now: float) -> None:
-        if now >= state.wake_end and now >= state.refuse_until:
+        if self._done(state, now):
             del self._slots[slot]
 
     def sweep(self) -> int:
         """Drop every slot with nothing left to remember; return how many."""
         now = self.clock()
-        done = [
-            slot
-            for slot, state in self._slots.items()
-            if now >= state.wake_end and now >= state.refuse_until and now >= state.cooldown_until
-        ]
+        done = [slot for slot, state in self._slots.items() if self._done(state, now)]
         for slot in done:
             del self._slots[slot]
+        idle = [slot for slot, meter in self._meters.items() if now - meter.last > 10.0]
+        for slot in idle:
+            del self._meters[slot]
         return len(done)

@@ -48,6 +48,7 @@ class RetryAfterMiddleware:
         self.stats = crawler.stats
         self.rng = random.Random()
         self._all_codes = self.config.all_codes
+        self._adaptive = self.config.default.adaptive or any(p.adaptive for p in self.config.slots.values())
         self._decided: weakref.WeakKeyDictionary[Response, Decision] = weakref.WeakKeyDictionary()
 
     @classmethod
@@ -119,6 +120,8 @@ class RetryAfterMiddleware:
         # next queued request: cooling here keeps that request off the wire.
         if response.status in self._all_codes:
             self._throttle(request, response)
+        elif self._adaptive:
+            self.board.succeeded(self._slot(request))
 
     def _throttle(self, request: Request, response: Response) -> Decision | None:
         """Cool the slot for a throttling response; remember what to do with it."""
@@ -150,6 +153,8 @@ class RetryAfterMiddleware:
         if added:
             self.stats.inc_value("retry_after/cooldown_seconds", round(added, 3))
         self.extension.send_back(slot)
+        if policy.adaptive:
+            self._learn(request, slot)
         retrying = decision.retry and not request.meta.get("dont_retry", False)
         logger.info(
             "Throttled %(slot)s: %(status)d on %(request)s, attempt %(attempt)d, "
@@ -168,6 +173,21 @@ class RetryAfterMiddleware:
         )
         self._decided[response] = decision
         return decision
+
+    def _learn(self, request: Request, slot: str) -> None:
+        before = self.board.rate(slot)
+        sent_at = self.board.clock() - float(request.meta.get("download_latency") or 0.0)
+        after = self.board.throttled(slot, sent_at)
+        if after is None:
+            return
+        if before is None:
+            self.stats.inc_value("retry_after/paced_slots")
+        if before is None or abs(after - before) > 0.2 * before:
+            logger.info(
+                "Pacing %(slot)s at %(rate).2f requests/s (was %(before)s)",
+                {"slot": slot, "rate": after, "before": "unpaced" if before is None else f"{before:.2f}/s"},
+                extra={"spider": self.crawler.spider},
+            )
 
     def process_response(
         self, request: Request, response: Response, spider: Spider | None = None

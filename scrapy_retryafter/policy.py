@@ -31,6 +31,8 @@ class SlotPolicy:
     backoff_base: float = 1.0
     backoff_max: float = 60.0
     wake_jitter: float = 1.0
+    adaptive: bool = True
+    """Pace the slot at a learned rate after its first throttle."""
 
 
 @dataclass(frozen=True)

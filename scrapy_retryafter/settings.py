@@ -30,6 +30,7 @@ SETTING_NAMES: dict[str, str] = {
     "backoff_base": "RETRY_AFTER_BACKOFF_BASE",
     "backoff_max": "RETRY_AFTER_BACKOFF_MAX",
     "wake_jitter": "RETRY_AFTER_WAKE_JITTER",
+    "adaptive": "RETRY_AFTER_ADAPTIVE",
 }
 
 
@@ -48,6 +49,16 @@ def _integer(value: Any) -> int:
     if isinstance(value, float) and not value.is_integer():
         raise ValueError
     return int(value)
+
+
+def _boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
+    raise ValueError
 
 
 def _codes(value: Any) -> frozenset[int]:
@@ -69,6 +80,7 @@ _CHECKS: dict[str, _Check] = {
     "backoff_base": (_number, lambda v: v > 0, "a number of seconds > 0"),
     "backoff_max": (_number, lambda v: v > 0, "a number of seconds > 0"),
     "wake_jitter": (_number, lambda v: v >= 0, "a number of seconds >= 0"),
+    "adaptive": (_boolean, lambda v: True, "True or False"),
 }
 
 
@@ -112,13 +124,10 @@ class Config:
 
 
 def _bool(name: str, raw: Any) -> bool:
-    if isinstance(raw, bool):
-        return raw
-    if isinstance(raw, int) and raw in (0, 1):
-        return bool(raw)
-    if isinstance(raw, str) and raw.strip().lower() in ("true", "false", "1", "0"):
-        return raw.strip().lower() in ("true", "1")
-    raise RetryAfterSettingError(f"{name} must be True or False; got {raw!r}")
+    try:
+        return _boolean(raw)
+    except ValueError:
+        raise RetryAfterSettingError(f"{name} must be True or False; got {raw!r}") from None
 
 
 def _slots(raw: Any) -> dict[str, Mapping[str, Any]]:
