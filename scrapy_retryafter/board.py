@@ -183,12 +183,14 @@ class CooldownBoard:
         if state is None:
             state = self._slots[slot] = SlotState()
         state.last_seen = now
+        meter = self._meters.get(slot)
+        measured = meter.current(now) if meter is not None else 0.0
         if state.pace is None:
+            if not measured:
+                return None  # nothing measured yet: the cooldown alone applies
             state.pace = RateController(beta=beta)
         elif sent_at < state.pace.last_cut:
             return None
-        meter = self._meters.get(slot)
-        measured = meter.current(now) if meter is not None else 0.0
         return state.pace.throttled(measured, now)
 
     def rate(self, slot: str) -> float | None:

@@ -7,6 +7,7 @@ import time
 import pytest
 import pytest_twisted
 from scrapy import Request
+from scrapy.utils.defer import deferred_from_coro
 
 from scrapy_retryafter import RetryAfterSettingError
 from scrapy_retryafter.testing.server import HostConfig
@@ -233,6 +234,6 @@ async def test_stopping_during_a_long_cooldown_ends_the_crawl_within_seconds(ser
     assert crawler.stats.get_value("retry_after/throttled") >= 1
     stopping = time.monotonic()
     stop = getattr(crawler, "stop_async", None)
-    await (stop() if stop else crawler.stop())
+    await (deferred_from_coro(stop()) if stop else crawler.stop())
     await done
     assert time.monotonic() - stopping < 3
