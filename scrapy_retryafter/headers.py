@@ -10,7 +10,7 @@ Capping is left to the policy.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 __all__ = ["parse_http_date", "parse_retry_after"]
 
@@ -78,18 +78,21 @@ def parse_http_date(
         year = int(match["year"])
         if pattern is _RFC850:
             year = _two_digit_year(year, now)
+        second = int(match["second"])
+        leap = second == 60  # legal in an HTTP-date; datetime stops at 59
         try:
-            return datetime(
+            when = datetime(
                 year,
                 _MONTHS[match["month"]],
                 int(match["day"]),
                 int(match["hour"]),
                 int(match["minute"]),
-                int(match["second"]),
+                59 if leap else second,
                 tzinfo=timezone.utc,
             )
         except ValueError:
             return None
+        return when + timedelta(seconds=1) if leap else when
     return None
 
 

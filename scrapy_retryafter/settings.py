@@ -151,7 +151,7 @@ def _slots(raw: Any) -> dict[str, Mapping[str, Any]]:
 def load_config(settings: Mapping[str, Any] | Any) -> Config:
     """Build the validated configuration from Scrapy settings (or a dict)."""
     get = settings.get
-    enabled = _bool("RETRY_AFTER_ENABLED", get("RETRY_AFTER_ENABLED", True))
+    enabled = _bool("RETRY_AFTER_ENABLED", True if get("RETRY_AFTER_ENABLED") is None else get("RETRY_AFTER_ENABLED"))
     defaults = SlotPolicy()
     given = {
         key: get(name)
@@ -162,7 +162,7 @@ def load_config(settings: Mapping[str, Any] | Any) -> Config:
     known = {f.name for f in fields(SlotPolicy)}
     slots: dict[str, SlotPolicy] = {}
     for slot, overrides in _slots(get("RETRY_AFTER_SLOTS")).items():
-        unknown = sorted(set(overrides) - known)
+        unknown = sorted(set(overrides) - known, key=repr)
         if unknown:
             raise RetryAfterSettingError(
                 f"RETRY_AFTER_SLOTS[{slot!r}] has unknown key(s) {', '.join(map(repr, unknown))}; "

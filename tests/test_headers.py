@@ -228,16 +228,9 @@ def test_parse_http_date_none(value):
     assert parse_http_date(value, NOW) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: RFC 9110 5.6.7 allows second=60 (leap second, time-of-day "
-        "00:00:00 - 23:59:60), but parse_http_date passes 60 to datetime() which "
-        "raises ValueError, so a legal HTTP-date is answered None"
-    ),
-)
 def test_leap_second_date_is_legal():
-    assert parse_retry_after("Sat, 31 Dec 2016 23:59:60 GMT", datetime(2016, 12, 31, 23, 59, 0, tzinfo=timezone.utc)) is not None
+    # RFC 9110 5.6.7 allows second 60; it is one second past 23:59:59.
+    assert parse_retry_after("Sat, 31 Dec 2016 23:59:60 GMT", datetime(2016, 12, 31, 23, 59, 0, tzinfo=timezone.utc)) == 60.0
 
 
 # --------------------------------------------------------------------------
