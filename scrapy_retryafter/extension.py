@@ -51,9 +51,10 @@ class RetryAfterExtension:
         self.stats = crawler.stats
         self._timer: IDelayedCall | None = None
         self._timer_at = float("inf")
-        self._last_sweep = clock()
+        self._sweeper: Any = None
         self.queue_holds_slots = False
         """Set by CooldownAwarePriorityQueue: cooling slots wait in the scheduler."""
+        crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
 
     @classmethod
@@ -87,9 +88,6 @@ class RetryAfterExtension:
 
     def _wake(self) -> None:
         self._timer_at = float("inf")
-        if self.clock() - self._last_sweep > _SWEEP_INTERVAL:
-            self._last_sweep = self.clock()
-            self.board.sweep()
         self.nudge_engine()
 
     def nudge_engine(self) -> None:
@@ -112,7 +110,15 @@ class RetryAfterExtension:
         self.stats.inc_value("retry_after/sent_back", len(waiting))
         return len(waiting)
 
+    def _spider_opened(self, **kwargs: Any) -> None:
+        from twisted.internet import task
+
+        self._sweeper = task.LoopingCall(self.board.sweep)
+        self._sweeper.start(_SWEEP_INTERVAL, now=False)
+
     def _spider_closed(self, **kwargs: Any) -> None:
+        if self._sweeper is not None and self._sweeper.running:
+            self._sweeper.stop()
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None

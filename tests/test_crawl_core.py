@@ -237,3 +237,30 @@ async def test_stopping_during_a_long_cooldown_ends_the_crawl_within_seconds(ser
     await (deferred_from_coro(stop()) if stop else crawler.stop())
     await done
     assert time.monotonic() - stopping < 3
+
+
+@pytest_twisted.ensureDeferred
+async def test_held_requests_are_spread_over_the_wake_window(server):
+    host = server.add_host(HostConfig(reject_first=1, penalty=1.0))
+    server.start()
+    settings = {**ADDON, "CONCURRENT_REQUESTS_PER_DOMAIN": 16, "RETRY_AFTER_WAKE_JITTER": 1.0}
+    await crawl([Request(host.url(f"/{i}")) for i in range(12)], settings)
+    # The first burst is on the wire together; everything after it was held.
+    throttled = server.arrivals(host, status=429)
+    first, last = throttled[0].t, throttled[-1].t
+    assert last - first < 0.1
+    later = [a.t for a in server.arrivals(host) if a.t > last]
+    assert len(server.arrivals(host, status=200)) == len(later) == 12
+    assert all(first + 1.0 * PAD - 0.01 <= t <= last + 1.0 * PAD + JITTER + DISPATCH for t in later)
+    assert max(later) - min(later) > 0.2  # not one stampede at the reopening instant
+
+
+@pytest_twisted.ensureDeferred
+async def test_with_jobdir_held_requests_wait_on_disk_and_the_crawl_completes(server, tmp_path):
+    host = server.add_host(HostConfig(reject_first=1, penalty=1.0))
+    server.start()
+    jobdir = tmp_path / "job"
+    crawler = await crawl([Request(host.url(f"/{i}")) for i in range(5)], {**ADDON, "JOBDIR": str(jobdir)})
+    assert len({url for url, status in crawler.spider.seen if status == 200}) == 5
+    assert crawler.stats.get_value("scheduler/enqueued/disk") >= 6
+    assert isinstance(__import__("json").loads((jobdir / "requests.queue" / "active.json").read_text()), dict)
