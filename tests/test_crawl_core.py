@@ -264,3 +264,15 @@ async def test_with_jobdir_held_requests_wait_on_disk_and_the_crawl_completes(se
     assert len({url for url, status in crawler.spider.seen if status == 200}) == 5
     assert crawler.stats.get_value("scheduler/enqueued/disk") >= 6
     assert isinstance(__import__("json").loads((jobdir / "requests.queue" / "active.json").read_text()), dict)
+
+
+@pytest_twisted.ensureDeferred
+async def test_disabled_leaves_scrapy_alone(server):
+    host = server.add_host(HostConfig(reject_first=1, penalty=0, retry_after="5"))
+    server.start()
+    crawler = await crawl([Request(host.url("/"))], {**ADDON, "RETRY_AFTER_ENABLED": False})
+    arrivals = server.arrivals(host)
+    assert [a.status for a in arrivals] == [429, 200]
+    assert arrivals[1].t - arrivals[0].t < 1  # Scrapy's immediate retry, not a 5 s cooldown
+    assert crawler.stats.get_value("retry/count") == 1
+    assert crawler.stats.get_value("retry_after/throttled") is None
