@@ -193,6 +193,16 @@ class CooldownBoard:
             return None
         return state.pace.throttled(measured, now)
 
+    def announce(self, slot: str, rate: float) -> None:
+        """Pace ``slot`` at a rate its server announced (RateLimit-Policy)."""
+        state = self._slots.get(slot)
+        if state is None:
+            state = self._slots[slot] = SlotState()
+        if state.pace is None:
+            state.pace = RateController()
+        state.pace.announced(max(rate, state.pace.min_rate))
+        state.last_seen = self.clock()
+
     def rate(self, slot: str) -> float | None:
         state = self._slots.get(slot)
         return state.pace.rate if state is not None and state.pace is not None else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,8 @@ from scrapy.utils.defer import maybe_deferred_to_future
 
 from .extension import RetryAfterExtension, SlotCoolingDown
 from .headers import parse_http_date, parse_retry_after
-from .policy import Decision, decide
+from .policy import Decision, SlotPolicy, decide
+from .ratelimit import parse_ratelimit, parse_retry_after_ms
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -48,7 +50,9 @@ class RetryAfterMiddleware:
         self.stats = crawler.stats
         self.rng = random.Random()
         self._all_codes = self.config.all_codes
-        self._adaptive = self.config.default.adaptive or any(p.adaptive for p in self.config.slots.values())
+        self._watch_responses = any(
+            p.adaptive or p.ratelimit_headers for p in (self.config.default, *self.config.slots.values())
+        )
         self._decided: weakref.WeakKeyDictionary[Response, Decision] = weakref.WeakKeyDictionary()
 
     @classmethod
@@ -120,8 +124,41 @@ class RetryAfterMiddleware:
         # next queued request: cooling here keeps that request off the wire.
         if response.status in self._all_codes:
             self._throttle(request, response)
-        elif self._adaptive:
-            self.board.succeeded(self._slot(request))
+            return
+        if not self._watch_responses:
+            return
+        slot = self._slot(request)
+        policy = self.config.policy_for(slot)
+        if policy.adaptive:
+            self.board.succeeded(slot)
+        if policy.ratelimit_headers:
+            self._read_ratelimit(slot, policy, response)
+
+    def _read_ratelimit(self, slot: str, policy: SlotPolicy, response: Response) -> None:
+        facts = parse_ratelimit(response.headers.get, time.time())
+        if facts is None:
+            return
+        if facts.invalid:
+            self.stats.inc_value("retry_after/ratelimit_invalid")
+            return
+        rate = facts.rate
+        if rate is None and facts.remaining and facts.reset:
+            rate = facts.remaining / facts.reset  # no stated window: spread what is left until the reset
+        if rate is not None and rate != self.board.rate(slot):
+            if self.board.rate(slot) is None:
+                self.stats.inc_value("retry_after/paced_slots")
+            self.board.announce(slot, rate)
+        if facts.remaining is not None and facts.remaining <= self._on_the_wire(slot) and facts.reset:
+            if facts.reset > policy.max_delay:
+                return
+            if self.board.cool(slot, facts.reset, policy.wake_jitter):
+                self.stats.inc_value("retry_after/ratelimit_cooldowns")
+                self.extension.send_back(slot)
+                logger.info(
+                    "Quota of %(slot)s used up: cooling %(wait).2fs until its reset (RateLimit headers)",
+                    {"slot": slot, "wait": facts.reset},
+                    extra={"spider": self.crawler.spider},
+                )
 
     def _throttle(self, request: Request, response: Response) -> Decision | None:
         """Cool the slot for a throttling response; remember what to do with it."""
@@ -134,6 +171,8 @@ class RetryAfterMiddleware:
         retry_after = parse_retry_after(header, now=server_now)
         if header is not None and retry_after is None:
             self.stats.inc_value("retry_after/header_invalid")
+        if retry_after is None and policy.ratelimit_headers:
+            retry_after = self._announced_wait(response)
         throttles = request.meta.get(THROTTLES, 0) + 1
         decision = decide(
             policy,
@@ -173,6 +212,21 @@ class RetryAfterMiddleware:
         )
         self._decided[response] = decision
         return decision
+
+    def _on_the_wire(self, slot: str) -> int:
+        """Requests of ``slot`` sent besides this one: they spend the quota left too."""
+        downloader_slot = self.crawler.engine.downloader.slots.get(slot)  # type: ignore[union-attr]
+        return max(0, len(downloader_slot.transferring) - 1) if downloader_slot is not None else 0
+
+    def _announced_wait(self, response: Response) -> float | None:
+        """Without Retry-After, the wait the other rate-limit headers announce."""
+        wait = parse_retry_after_ms(response.headers.get)
+        if wait is not None:
+            return wait
+        facts = parse_ratelimit(response.headers.get, time.time())
+        if facts is not None and not facts.invalid and facts.remaining is not None and facts.remaining < 1:
+            return facts.reset
+        return None
 
     def _learn(self, request: Request, slot: str) -> None:
         before = self.board.rate(slot)

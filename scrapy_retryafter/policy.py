@@ -33,6 +33,8 @@ class SlotPolicy:
     wake_jitter: float = 1.0
     adaptive: bool = True
     """Pace the slot at a learned rate after its first throttle."""
+    ratelimit_headers: bool = True
+    """Act on RateLimit / X-RateLimit headers before a throttle comes."""
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ mode does. Pure: the caller passes the time.
 
 from __future__ import annotations
 
+import math
+
 __all__ = ["Meter", "RateController"]
 
 BUCKET = 0.5
@@ -50,7 +52,7 @@ class Meter:
 class RateController:
     """The pace of one throttled slot, in requests per second."""
 
-    __slots__ = ("rate", "peak", "last_cut", "window", "beta", "min_rate")
+    __slots__ = ("rate", "peak", "last_cut", "window", "beta", "min_rate", "ceiling")
 
     def __init__(self, beta: float = 0.7, min_rate: float = 0.5) -> None:
         self.beta = beta
@@ -59,6 +61,8 @@ class RateController:
         self.peak = 0.0
         self.last_cut = 0.0
         self.window = 0.0
+        self.ceiling = math.inf
+        """A rate the server announced: growth never passes it."""
 
     def throttled(self, measured: float, now: float) -> float:
         """Cut the rate: the server said this pace is too fast."""
@@ -76,5 +80,10 @@ class RateController:
             return 0.0
         cubic = SCALE * (now - self.last_cut - self.window) ** 3 + self.peak
         ceiling = 2 * measured if measured > 0 else cubic
-        self.rate = max(self.min_rate, min(cubic, ceiling))
+        self.rate = max(self.min_rate, min(cubic, ceiling, self.ceiling))
         return self.rate
+
+    def announced(self, rate: float) -> None:
+        """The server stated its quota: pace at it, and never above it."""
+        self.ceiling = rate
+        self.rate = min(self.rate, rate) if self.rate else rate

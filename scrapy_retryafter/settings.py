@@ -31,6 +31,7 @@ SETTING_NAMES: dict[str, str] = {
     "backoff_max": "RETRY_AFTER_BACKOFF_MAX",
     "wake_jitter": "RETRY_AFTER_WAKE_JITTER",
     "adaptive": "RETRY_AFTER_ADAPTIVE",
+    "ratelimit_headers": "RETRY_AFTER_RATELIMIT_HEADERS",
 }
 
 
@@ -81,6 +82,7 @@ _CHECKS: dict[str, _Check] = {
     "backoff_max": (_number, lambda v: v > 0, "a number of seconds > 0"),
     "wake_jitter": (_number, lambda v: v >= 0, "a number of seconds >= 0"),
     "adaptive": (_boolean, lambda v: True, "True or False"),
+    "ratelimit_headers": (_boolean, lambda v: True, "True or False"),
 }
 
 

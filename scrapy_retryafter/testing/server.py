@@ -46,6 +46,13 @@ class HostConfig:
     outage: tuple[float, float] | None = None
     """(start, end) seconds after the server started: answer `status` without
     Retry-After to everything in between."""
+    window: float | None = None
+    """Limit with fixed windows of this many seconds (quota rate x window)
+    instead of a token bucket."""
+    ratelimit: str | None = None
+    """Announce the limit on every response: "ietf" (RateLimit and
+    RateLimit-Policy), "draft" (RateLimit-Limit/-Remaining/-Reset), "x"
+    (X-RateLimit-* with a delta reset) or "x-epoch" (with an epoch reset)."""
 
 
 @dataclass
@@ -70,6 +77,8 @@ class Host:
         self.refilled = server.clock()
         self.penalty_until = 0.0
         self.seen = 0
+        self.window_start = self.refilled
+        self.window_used = 0
 
     @property
     def base_url(self) -> str:
@@ -101,6 +110,11 @@ class Host:
                 self.penalty_until = now + config.penalty
             return config.status, self.penalty_until - now
         limited = config.rate is not None and self.tokens < 1.0
+        if config.window is not None and config.rate is not None:
+            if now - self.window_start >= config.window:
+                self.window_start += (now - self.window_start) // config.window * config.window
+                self.window_used = 0
+            limited = self.window_used >= self.quota
         if self.seen <= config.reject_first or limited:
             if config.penalty > 0:
                 self.penalty_until = now + config.penalty
@@ -109,7 +123,43 @@ class Host:
             return config.status, wait
         if config.rate is not None:
             self.tokens -= 1.0
+            self.window_used += 1
         return 200, None
+
+    @property
+    def quota(self) -> int:
+        assert self.config.rate is not None
+        return max(1, round(self.config.rate * (self.config.window or 1.0)))
+
+    def ratelimit_headers(self, now: float, wall: float) -> dict[str, str]:
+        """The limit as announced in the configured dialect."""
+        config = self.config
+        if config.ratelimit is None or config.rate is None:
+            return {}
+        window = config.window or 1.0
+        if config.window is not None:
+            remaining = max(0, self.quota - self.window_used)
+            reset = self.window_start + config.window - now
+        else:
+            remaining = max(0, math.floor(self.tokens))
+            reset = (1.0 - self.tokens) / config.rate if self.tokens < 1 else 0.0
+        reset = max(reset, self.penalty_until - now, 0.0)
+        whole = math.ceil(reset)
+        if config.ratelimit == "ietf":
+            return {
+                "RateLimit-Policy": f'"default";q={self.quota};w={window:g}',
+                "RateLimit": f'"default";r={remaining};t={whole}',
+            }
+        if config.ratelimit == "draft":
+            return {"RateLimit-Limit": f"{self.quota}, {self.quota};w={window:g}",
+                    "RateLimit-Remaining": str(remaining), "RateLimit-Reset": str(whole)}
+        if config.ratelimit == "x":
+            return {"X-RateLimit-Limit": str(self.quota), "X-RateLimit-Remaining": str(remaining),
+                    "X-RateLimit-Reset-After": f"{reset:.3f}"}
+        if config.ratelimit == "x-epoch":
+            return {"X-RateLimit-Limit": str(self.quota), "X-RateLimit-Remaining": str(remaining),
+                    "X-RateLimit-Reset": str(math.ceil(wall + reset))}
+        raise ValueError(f"unknown ratelimit dialect {config.ratelimit!r}")
 
     def retry_after_header(self, wait: float | None, wall: float) -> str | None:
         mode = self.config.retry_after
@@ -150,6 +200,8 @@ class _Resource(resource.Resource):
         value = host.retry_after_header(wait, wall)
         if value is not None:
             request.setHeader(b"Retry-After", value.encode("latin-1"))
+        for name, text in host.ratelimit_headers(now, wall).items():
+            request.setHeader(name.encode(), text.encode())
         body = srv.page(host, path, status).encode()
         if host.config.latency <= 0:
             return body

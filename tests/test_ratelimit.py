@@ -1,0 +1,79 @@
+"""Rate-limit header dialects, table-driven, with the wall clock passed in."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from scrapy.http import Headers
+
+from scrapy_retryafter.ratelimit import RateLimitFacts, parse_ratelimit, parse_retry_after_ms
+
+NOW = 1_800_000_000.0  # an epoch in 2027
+
+
+def facts(**headers: str) -> RateLimitFacts | None:
+    h = Headers({k.replace("_", "-"): v for k, v in headers.items()})
+    return parse_ratelimit(h.get, NOW)
+
+
+@pytest.mark.parametrize(
+    "headers, remaining, reset, rate",
+    [
+        ({"RateLimit_Policy": '"default";q=100;w=60', "RateLimit": '"default";r=0;t=30'}, 0, 30, 100 / 60),
+        ({"RateLimit": '"burst";r=5;t=1, "day";r=0;t=3600'}, 0, 3600, None),
+        ({"RateLimit_Policy": '"burst";q=10;w=1, "day";q=1000;w=86400'}, None, None, 1000 / 86400),
+        ({"RateLimit_Limit": "100", "RateLimit_Remaining": "0", "RateLimit_Reset": "30"}, 0, 30, None),
+        ({"RateLimit_Limit": "100, 100;w=60", "RateLimit_Remaining": "7", "RateLimit_Reset": "12"}, 7, 12, 100 / 60),
+        ({"X_RateLimit_Limit": "60", "X_RateLimit_Remaining": "0", "X_RateLimit_Reset": "20"}, 0, 20, None),
+        ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": str(int(NOW + 45))}, 0, 45, None),
+        ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": str(int((NOW + 45) * 1000))}, 0, 45, None),
+        ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": str(int(NOW - 10))}, 0, 0, None),
+        ({"X_RateLimit_Remaining": "3", "X_RateLimit_Reset_After": "1.5"}, 3, 1.5, None),
+    ],
+)
+def test_dialects(headers, remaining, reset, rate):
+    got = facts(**headers)
+    assert got is not None and not got.invalid
+    assert got.remaining == remaining
+    assert got.reset == (pytest.approx(reset) if reset is not None else None)
+    assert got.rate == (pytest.approx(rate) if rate is not None else None)
+
+
+def test_no_rate_limit_headers_is_none():
+    assert facts(Content_Type="text/html") is None
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"X_RateLimit_Remaining": "-1"},
+        {"X_RateLimit_Remaining": "lots"},
+        {"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": "99999999"},  # 3 years as a delta: nonsense
+        {"RateLimit": '"default";r=x;t=30'},
+        {"RateLimit_Remaining": "0", "RateLimit_Reset": "\u0663"},
+    ],
+)
+def test_malformed_values_are_reported_not_trusted(headers):
+    got = facts(**headers)
+    assert got is not None and got.invalid
+
+
+@given(st.dictionaries(
+    st.sampled_from(["RateLimit", "RateLimit-Policy", "RateLimit-Limit", "RateLimit-Remaining",
+                     "RateLimit-Reset", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset",
+                     "X-RateLimit-Reset-After"]),
+    st.binary(max_size=40),
+))
+def test_never_raises_and_never_waits_beyond_a_week(headers):
+    got = parse_ratelimit(Headers(headers).get, NOW)
+    if got is not None and got.reset is not None:
+        assert 0 <= got.reset <= 7 * 86400
+
+
+@pytest.mark.parametrize(
+    "headers, seconds",
+    [({"Retry-After-Ms": "1500"}, 1.5), ({"X-Ms-Retry-After-Ms": "250"}, 0.25), ({"Retry-After-Ms": "soon"}, None), ({}, None)],
+)
+def test_retry_after_ms(headers, seconds):
+    assert parse_retry_after_ms(Headers(headers).get) == seconds
