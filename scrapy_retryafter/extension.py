@@ -48,6 +48,8 @@ class RetryAfterExtension:
         self.config = config
         self.clock = clock
         self.board = CooldownBoard(clock=clock)
+        self.codes = config.all_codes
+        """Every status some slot treats as a throttle (a cheap first filter)."""
         self.stats = crawler.stats
         self._timer: IDelayedCall | None = None
         self._timer_at = float("inf")

@@ -53,7 +53,8 @@ class RetryAfterMiddleware:
         self._watch_responses = any(
             p.adaptive or p.ratelimit_headers for p in (self.config.default, *self.config.slots.values())
         )
-        self._decided: weakref.WeakKeyDictionary[Response, Decision] = weakref.WeakKeyDictionary()
+        # Keyed by request: a middleware between us and the downloader may replace the response.
+        self._decided: weakref.WeakKeyDictionary[Request, Decision] = weakref.WeakKeyDictionary()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -69,7 +70,7 @@ class RetryAfterMiddleware:
         """Stop stock RetryMiddleware from retrying our codes a second time."""
         from scrapy.downloadermiddlewares.retry import RetryMiddleware as ScrapyRetryMiddleware
 
-        codes = self.config.all_codes
+        codes = self.config.default.http_codes
         for middleware in self.crawler.engine.downloader.middleware.middlewares:  # type: ignore[union-attr]
             if type(middleware) is ScrapyRetryMiddleware and codes & middleware.retry_http_codes:
                 middleware.retry_http_codes -= codes
@@ -100,8 +101,11 @@ class RetryAfterMiddleware:
         if refused:
             self._give_up(request, slot, None, f"slot refuses requests for {refused:.0f}s more (Retry-After over the cap)")
             raise IgnoreRequest(f"{slot} asked for a wait over RETRY_AFTER_MAX_DELAY")
-        if self.extension.queue_holds_slots or not self.board.remaining(slot):
+        if not self.board.remaining(slot):
             return None
+        if self.extension.queue_holds_slots:
+            # Left the scheduler before the throttle, reached us after it.
+            raise SlotCoolingDown(slot)
         return self._hold(slot)
 
     async def _hold(self, slot: str) -> None:
@@ -210,7 +214,7 @@ class RetryAfterMiddleware:
             },
             extra={"spider": self.crawler.spider},
         )
-        self._decided[response] = decision
+        self._decided[request] = decision
         return decision
 
     def _on_the_wire(self, slot: str) -> int:
@@ -248,7 +252,7 @@ class RetryAfterMiddleware:
     ) -> Request | Response:
         if response.status not in self._all_codes:
             return response
-        decision = self._decided.pop(response, None) or self._throttle(request, response)
+        decision = self._decided.pop(request, None) or self._throttle(request, response)
         if decision is None:
             return response
         if not decision.retry or request.meta.get("dont_retry", False):

@@ -17,6 +17,7 @@ from .backoff import Uniform, backoff
 
 __all__ = ["IDEMPOTENT_METHODS", "Decision", "SlotPolicy", "decide"]
 
+_REFUSE_AT_MOST = 7 * 86400.0
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 
 
@@ -61,7 +62,7 @@ def decide(
     """Decide for a request throttled for the ``throttles``-th time (1-based)."""
     limit = policy.max_retries if max_retries is None else max_retries
     if retry_after is not None and retry_after > policy.max_delay:
-        refuse = retry_after if math.isfinite(retry_after) else math.inf
+        refuse = min(retry_after, _REFUSE_AT_MOST)
         return Decision(False, 0.0, refuse, f"Retry-After {retry_after:g}s is over the {policy.max_delay:g}s cap")
     if retry_after is not None and retry_after > 0:
         cooldown = retry_after * policy.pad

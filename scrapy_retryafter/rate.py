@@ -86,4 +86,5 @@ class RateController:
     def announced(self, rate: float) -> None:
         """The server stated its quota: pace at it, and never above it."""
         self.ceiling = rate
-        self.rate = min(self.rate, rate) if self.rate else rate
+        # Never throttled: follow the server. Throttled: the learned rate may only drop.
+        self.rate = rate if not self.last_cut or not self.rate else min(self.rate, rate)

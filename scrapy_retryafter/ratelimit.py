@@ -46,9 +46,14 @@ class _Invalid(ValueError):
     pass
 
 
+_MAX_LENGTH = 1024
+
+
 def _text(raw: bytes | None) -> str | None:
     if raw is None:
         return None
+    if len(raw) > _MAX_LENGTH:
+        raise _Invalid
     try:
         return raw.decode("ascii").strip()
     except UnicodeDecodeError:

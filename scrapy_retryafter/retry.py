@@ -25,7 +25,7 @@ __all__ = ["RetryMiddleware", "owned_by_retry_after"]
 
 
 def owned_by_retry_after(extension: RetryAfterExtension, request: Request, status: int) -> bool:
-    if not extension.config.enabled:
+    if not extension.config.enabled or status not in extension.codes:
         return False
     slot = extension.crawler.engine.downloader.get_slot_key(request)  # type: ignore[union-attr]
     return status in extension.config.policy_for(slot).http_codes

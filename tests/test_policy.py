@@ -105,14 +105,14 @@ def test_over_the_cap_refuses(policy, retry_after, status, method):
     decision = _decide(policy, status=status, method=method, retry_after=retry_after, rng=NoRng())
     assert decision.retry is False
     assert decision.cooldown == 0.0
-    assert decision.refuse == retry_after
+    assert decision.refuse == min(retry_after, 7 * 86400.0)  # finite: the slot's state can be freed
     assert decision.refuse > policy.max_delay
     assert "cap" in decision.reason
 
 
-def test_infinite_retry_after_refuses_forever():
+def test_infinite_retry_after_refuses_for_a_week_at_most():
     decision = _decide(retry_after=math.inf, rng=NoRng())
-    assert decision.refuse == math.inf
+    assert decision.refuse == 7 * 86400.0
     assert decision.retry is False
     assert decision.cooldown == 0.0
 
@@ -280,7 +280,7 @@ def test_cooldown_never_shortens_any_policy(retry_after, pad, max_delay):
     decision = _decide(policy, retry_after=retry_after, rng=NoRng())
     if retry_after > max_delay:
         assert decision.retry is False
-        assert decision.refuse == retry_after
+        assert decision.refuse == min(retry_after, 7 * 86400.0)
         assert decision.cooldown == 0.0
     else:
         assert decision.cooldown == retry_after * pad
