@@ -14,6 +14,7 @@ finish within 1.3x the time B takes alone.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -33,7 +34,7 @@ from twisted.internet import defer, reactor  # noqa: E402
 from scrapy_retryafter.testing.server import HostConfig, ThrottlingServer  # noqa: E402
 
 BASE: dict[str, Any] = {
-    "LOG_LEVEL": "WARNING",
+    "LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING"),
     "TELNETCONSOLE_ENABLED": False,
     "ROBOTSTXT_OBEY": False,
     "CONCURRENT_REQUESTS": 16,
@@ -117,7 +118,12 @@ def main() -> Any:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--limiter", choices=sorted(LIMITERS), default="bursty")
     parser.add_argument("--no-isolation", action="store_true")
+    parser.add_argument("--only", choices=sorted(CONFIGS), help="run one configuration")
     args = parser.parse_args()
+    if args.only:
+        for name in list(CONFIGS):
+            if name != args.only:
+                del CONFIGS[name]
     runs: dict[str, list[tuple[int, int, float]]] = {}
     isolation: list[tuple[float, float, int, int]] = []
     for _ in range(args.repeat):
@@ -146,6 +152,10 @@ def main() -> Any:
 
 
 def _main() -> None:
+    if os.environ.get("BENCH_LOG_LEVEL"):
+        import logging
+
+        logging.basicConfig(level=os.environ["BENCH_LOG_LEVEL"], format="%(relativeCreated)7.0f %(name)s %(message)s")
     d = main()
     d.addErrback(lambda f: (f.printTraceback(), None))
     d.addBoth(lambda _: reactor.stop())  # type: ignore[attr-defined]

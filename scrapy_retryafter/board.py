@@ -91,7 +91,8 @@ class CooldownBoard:
             return 0.0
         added = until - max(state.cooldown_until, now)
         state.cooldown_until = until
-        state.wake_end = until + max(0.0, wake_jitter)
+        # A paced slot releases one request per interval: no herd to spread.
+        state.wake_end = until + (0.0 if state.pace is not None else max(0.0, wake_jitter))
         state.wake_left = -1
         return added
 
@@ -175,8 +176,9 @@ class CooldownBoard:
     def throttled(self, slot: str, sent_at: float, beta: float = 0.7) -> float | None:
         """Cut the slot's pace once per throttle event; return the new rate.
 
-        A throttle of a request sent before the last cut belongs to the event
-        that caused that cut (one penalty answering every in-flight request).
+        A throttle of a request sent before the last cut, or arriving while the
+        slot still cools down from it, belongs to the event that caused that
+        cut (one penalty answering every in-flight request).
         """
         now = self.clock()
         state = self._slots.get(slot)
@@ -186,10 +188,8 @@ class CooldownBoard:
         meter = self._meters.get(slot)
         measured = meter.current(now) if meter is not None else 0.0
         if state.pace is None:
-            if not measured:
-                return None  # nothing measured yet: the cooldown alone applies
             state.pace = RateController(beta=beta)
-        elif sent_at < state.pace.last_cut:
+        elif sent_at < state.pace.last_cut or now < state.cooldown_until:
             return None
         return state.pace.throttled(measured, now)
 

@@ -190,6 +190,8 @@ class RetryAfterMiddleware:
             max_retries=request.meta.get(MAX_RETRIES),
             rng=self.rng,
         )
+        if policy.adaptive:
+            self._learn(request, slot)  # before cooling: a throttle inside a cooldown is the same event
         added = self.board.cool(slot, decision.cooldown, policy.wake_jitter)
         if decision.refuse:
             self.board.refuse(slot, decision.refuse)
@@ -198,8 +200,6 @@ class RetryAfterMiddleware:
         if added:
             self.stats.inc_value("retry_after/cooldown_seconds", round(added, 3))
         self.extension.send_back(slot)
-        if policy.adaptive:
-            self._learn(request, slot)
         retrying = decision.retry and not request.meta.get("dont_retry", False)
         logger.info(
             "Throttled %(slot)s: %(status)d on %(request)s, attempt %(attempt)d, "

@@ -16,7 +16,17 @@ __all__ = ["Meter", "RateController"]
 
 BUCKET = 0.5
 SMOOTHING = 0.8
-SCALE = 0.4
+SCALE = 0.04
+"""Cubic growth constant. AWS uses 0.4 for API calls; a crawl that hits a
+hard limiter pays a whole Retry-After per probe, so it probes ten times
+more slowly (regrowth to the old peak takes seconds, not a fraction)."""
+STEADY_SCALE = 0.01
+"""Growth constant once two cuts in a row came at about the same rate: the
+limit is where it was, so probing past it can wait longer."""
+MARGIN = 0.95
+"""The rate that was throttled is over the limit: the plateau sits just under it."""
+DOUBLING = 0.25
+"""Seconds of sending per doubling while the pace was never throttled (slow start)."""
 
 
 class Meter:
@@ -52,9 +62,9 @@ class Meter:
 class RateController:
     """The pace of one throttled slot, in requests per second."""
 
-    __slots__ = ("rate", "peak", "last_cut", "window", "beta", "min_rate", "ceiling")
+    __slots__ = ("rate", "peak", "last_cut", "window", "beta", "min_rate", "ceiling", "starting", "scale")
 
-    def __init__(self, beta: float = 0.7, min_rate: float = 0.5) -> None:
+    def __init__(self, beta: float = 0.7, min_rate: float = 1.0) -> None:
         self.beta = beta
         self.min_rate = min_rate
         self.rate = 0.0
@@ -63,13 +73,20 @@ class RateController:
         self.window = 0.0
         self.ceiling = math.inf
         """A rate the server announced: growth never passes it."""
+        self.starting = True
+        """Slow start: the first rate came from an unpaced burst and says little."""
+        self.scale = SCALE
 
     def throttled(self, measured: float, now: float) -> float:
         """Cut the rate: the server said this pace is too fast."""
-        base = measured if not self.rate else min(measured or self.rate, self.rate)
+        if self.rate:
+            self.starting = False
+        base = self.rate or measured  # when paced, the pace is what was too fast
         base = max(base, self.min_rate)
-        self.peak = base
-        self.window = (base * (1 - self.beta) / SCALE) ** (1 / 3)
+        steady = not self.starting and abs(base * MARGIN - self.peak) <= 0.1 * self.peak
+        self.scale = STEADY_SCALE if steady else SCALE
+        self.peak = base * MARGIN
+        self.window = (max(self.peak - base * self.beta, 0.0) / self.scale) ** (1 / 3)
         self.last_cut = now
         self.rate = max(self.min_rate, base * self.beta)
         return self.rate
@@ -78,8 +95,14 @@ class RateController:
         """Grow back: slowly near the last peak, faster once past it."""
         if not self.rate:
             return 0.0
-        cubic = SCALE * (now - self.last_cut - self.window) ** 3 + self.peak
-        ceiling = 2 * measured if measured > 0 else cubic
+        if self.starting:
+            # Each success at rate r stands for 1/r seconds of sending: no growth while idle.
+            grown = self.rate * min(2.0, 2 ** (1 / (self.rate * DOUBLING)))
+            self.rate = max(self.min_rate, min(grown, self.ceiling))
+            return self.rate
+        cubic = self.scale * (now - self.last_cut - self.window) ** 3 + self.peak
+        # At most double what the slot really sends, so an idle slot's pace does not run away.
+        ceiling = 2 * max(measured, self.rate)
         self.rate = max(self.min_rate, min(cubic, ceiling, self.ceiling))
         return self.rate
 

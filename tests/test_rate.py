@@ -1,0 +1,125 @@
+"""The rate controller and the meter: pure, with the time passed in."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scrapy_retryafter.board import CooldownBoard
+from scrapy_retryafter.rate import MARGIN, Meter, RateController
+
+
+def test_first_cut_starts_from_what_was_measured():
+    pace = RateController()
+    assert pace.throttled(measured=20.0, now=0.0) == pytest.approx(14.0)
+    assert pace.peak == pytest.approx(20.0 * MARGIN)
+
+
+def test_nothing_measured_starts_at_the_minimum_rate():
+    assert RateController(min_rate=1.0).throttled(measured=0.0, now=0.0) == 1.0
+
+
+def test_slow_start_at_most_doubles_per_success_and_stops_at_the_first_paced_cut():
+    pace = RateController()
+    pace.throttled(0.0, 0.0)
+    rates = [pace.succeeded(0.0, float(t)) for t in range(1, 8)]
+    assert all(b <= 2 * a + 1e-9 for a, b in zip([1.0, *rates], rates))
+    assert rates[-1] > 20
+    cut = pace.throttled(measured=5.0, now=8.0)
+    assert cut == pytest.approx(rates[-1] * 0.7)  # a paced cut starts from the pace
+    assert not pace.starting
+
+
+def test_after_a_cut_the_rate_returns_to_just_under_the_peak_then_plateaus():
+    pace = RateController()
+    pace.starting = False
+    pace.rate = 20.0
+    pace.throttled(measured=20.0, now=0.0)
+    assert pace.rate == pytest.approx(14.0)
+    at_window = pace.succeeded(100.0, pace.window)
+    assert at_window == pytest.approx(20.0 * MARGIN)
+    just_after = pace.succeeded(100.0, pace.window + 1.0)
+    assert at_window <= just_after < at_window * 1.01  # flat near the old peak
+    later = pace.succeeded(100.0, pace.window + 10.0)
+    assert later > 20.0  # and probes past it in the end
+
+
+def test_two_cuts_at_the_same_rate_slow_the_probing():
+    pace = RateController()
+    pace.starting = False
+    pace.rate = 20.0
+    pace.throttled(20.0, 0.0)
+    first = pace.window
+    pace.rate = 20.0
+    pace.throttled(20.0, 30.0)
+    assert pace.window > first
+
+
+def test_growth_never_passes_an_announced_rate_nor_twice_what_is_sent():
+    pace = RateController()
+    pace.starting = False
+    pace.rate = 10.0
+    pace.throttled(10.0, 0.0)
+    pace.announced(8.0)
+    assert pace.succeeded(100.0, 1000.0) == 8.0
+    free = RateController()
+    free.starting = False
+    free.rate = 10.0
+    free.throttled(10.0, 0.0)
+    assert free.succeeded(3.0, 1000.0) <= 2 * max(3.0, 7.0)
+
+
+def test_an_announced_rate_is_followed_up_and_down_until_a_throttle():
+    pace = RateController()
+    pace.announced(10.0)
+    assert pace.rate == 10.0
+    pace.announced(20.0)
+    assert pace.rate == 20.0
+    pace.throttled(20.0, 5.0)
+    pace.announced(30.0)
+    assert pace.rate == pytest.approx(14.0)
+
+
+@given(st.lists(st.tuples(st.booleans(), st.floats(0, 100)), max_size=60))
+def test_the_rate_stays_within_bounds(events):
+    pace = RateController()
+    now = 0.0
+    for throttle, measured in events:
+        now += 0.1
+        rate = pace.throttled(measured, now) if throttle else pace.succeeded(measured, now)
+        assert rate == 0.0 or pace.min_rate <= rate < float("inf")
+
+
+def test_meter_measures_successes_per_second():
+    meter = Meter(0.0)
+    for i in range(1, 41):
+        meter.tick(i * 0.05)  # 20 per second
+    assert meter.rate == pytest.approx(20.0, rel=0.1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_board_cuts_once_per_throttle_event_and_paces_releases():
+    clock = Clock()
+    board = CooldownBoard(clock=clock)
+    for _ in range(20):
+        clock.now += 0.05
+        board.succeeded("a")
+    first = board.throttled("a", sent_at=clock.now - 0.01)
+    board.cool("a", 1.0)
+    assert first is not None
+    # in-flight requests of the same penalty, answered during the cooldown: same event
+    assert board.throttled("a", sent_at=clock.now - 0.02) is None
+    clock.now += 0.5
+    assert board.throttled("a", sent_at=clock.now - 0.01) is None
+    clock.now += 1.0
+    assert board.ready_at("a") == 0.0
+    board.released("a")
+    assert board.ready_at("a") == pytest.approx(clock.now + 1 / board.rate("a"))
