@@ -79,9 +79,13 @@ class RateController:
 
     def throttled(self, measured: float, now: float) -> float:
         """Cut the rate: the server said this pace is too fast."""
+        base = self.rate or measured  # when paced, the pace is what was too fast
+        if not self.starting and measured and measured < base / 2:
+            # Out of slow start (where the meter lags the pace) a success rate
+            # under half the pace means the limit itself dropped.
+            base = measured
         if self.rate:
             self.starting = False
-        base = self.rate or measured  # when paced, the pace is what was too fast
         base = max(base, self.min_rate)
         steady = not self.starting and abs(base * MARGIN - self.peak) <= 0.1 * self.peak
         self.scale = STEADY_SCALE if steady else SCALE

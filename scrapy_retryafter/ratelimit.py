@@ -36,9 +36,13 @@ class RateLimitFacts:
 
     @property
     def rate(self) -> float | None:
-        """The announced sustainable rate, requests per second."""
+        """The rate to pace at so that a window never runs dry, requests per second.
+
+        Evenly paced requests land floor(r*w) or floor(r*w)+1 to a window of
+        w seconds, whatever its phase: r*w must stay under quota - 1.
+        """
         if self.quota and self.window:
-            return self.quota / self.window
+            return max(self.quota - 1.5, self.quota / 2) / self.window
         return None
 
 

@@ -20,11 +20,11 @@ def facts(**headers: str) -> RateLimitFacts | None:
 @pytest.mark.parametrize(
     "headers, remaining, reset, rate",
     [
-        ({"RateLimit_Policy": '"default";q=100;w=60', "RateLimit": '"default";r=0;t=30'}, 0, 30, 100 / 60),
+        ({"RateLimit_Policy": '"default";q=100;w=60', "RateLimit": '"default";r=0;t=30'}, 0, 30, 98.5 / 60),
         ({"RateLimit": '"burst";r=5;t=1, "day";r=0;t=3600'}, 0, 3600, None),
-        ({"RateLimit_Policy": '"burst";q=10;w=1, "day";q=1000;w=86400'}, None, None, 1000 / 86400),
+        ({"RateLimit_Policy": '"burst";q=10;w=1, "day";q=1000;w=86400'}, None, None, 998.5 / 86400),
         ({"RateLimit_Limit": "100", "RateLimit_Remaining": "0", "RateLimit_Reset": "30"}, 0, 30, None),
-        ({"RateLimit_Limit": "100, 100;w=60", "RateLimit_Remaining": "7", "RateLimit_Reset": "12"}, 7, 12, 100 / 60),
+        ({"RateLimit_Limit": "100, 100;w=60", "RateLimit_Remaining": "7", "RateLimit_Reset": "12"}, 7, 12, 98.5 / 60),
         ({"X_RateLimit_Limit": "60", "X_RateLimit_Remaining": "0", "X_RateLimit_Reset": "20"}, 0, 20, None),
         ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": str(int(NOW + 45))}, 0, 45, None),
         ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": str(int((NOW + 45) * 1000))}, 0, 45, None),
@@ -93,3 +93,8 @@ def test_speaks_ratelimit_is_the_cheap_first_filter(names, speaks):
     from scrapy_retryafter.ratelimit import speaks_ratelimit
 
     assert speaks_ratelimit(names) is speaks
+
+
+@pytest.mark.parametrize("quota, window, pace", [(20, 1, 18.5), (100, 60, 98.5 / 60), (2, 1, 1.0), (1, 1, 0.5)])
+def test_the_pace_keeps_every_window_from_running_dry(quota, window, pace):
+    assert RateLimitFacts(quota=quota, window=window).rate == pytest.approx(pace)

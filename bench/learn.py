@@ -1,0 +1,138 @@
+"""Learning a host's rate: every configuration side by side in one run.
+
+    python bench/learn.py [--pages 400]
+
+1. Strict limiter (no burst, 20 requests/s, Retry-After: 1 with a penalty),
+   rate unknown to the crawler: stock Scrapy, AutoThrottle, the add-on.
+2. The same limit announced in rate-limit headers (IETF, X-RateLimit with an
+   epoch reset), fixed one-second windows.
+3. The limit raised from 5 to 20 requests/s mid-crawl (time until the add-on
+   runs at >= 16/s), and lowered from 20 to 5 (429s after the change).
+4. One throttled host beside ten free hosts: the free hosts' throughput with
+   and without the throttled one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from compare import CONFIGS, run  # noqa: E402  (installs the asyncio reactor)
+from twisted.internet import defer, reactor, task  # noqa: E402
+
+from scrapy_retryafter.testing.server import HostConfig, ThrottlingServer  # noqa: E402
+
+ADDON = CONFIGS["scrapy-retryafter add-on"]
+RATE = 20.0
+
+
+def per_second(arrivals: list[Any], since: float) -> dict[int, int]:
+    bins: dict[int, int] = collections.Counter()
+    for arrival in arrivals:
+        if arrival.status == 200 and arrival.t >= since:
+            bins[int(arrival.t - since)] += 1
+    return bins
+
+
+@defer.inlineCallbacks
+def limiter(config: HostConfig, settings: dict[str, Any], pages: int) -> Any:
+    server = ThrottlingServer()
+    host = server.add_host(config)
+    server.start()
+    spider, _, elapsed = yield run([host.url(f"/p/{i}") for i in range(pages)], settings)
+    yield server.stop()
+    sent = len(server.arrivals(host))
+    throttled = len(server.arrivals(host, status=429))
+    return len(spider.fetched), throttled, sent, elapsed
+
+
+@defer.inlineCallbacks
+def rate_change(start: float, end: float, change_at: float, pages: int) -> Any:
+    server = ThrottlingServer()
+    host = server.add_host(HostConfig(rate=start, burst=1.0, penalty=1.0))
+    server.start()
+    changed: list[float] = []
+
+    def change() -> None:
+        host.set_rate(end)
+        changed.append(server.clock())
+
+    reactor.callLater(change_at, change)  # type: ignore[attr-defined]
+    spider, _, elapsed = yield run([host.url(f"/p/{i}") for i in range(pages)], ADDON)
+    yield server.stop()
+    at = changed[0] if changed else float("inf")
+    after = [a for a in server.log if a.t >= at]
+    bins = per_second(after, at)
+    reached = next((second for second in sorted(bins) if bins[second] >= 0.8 * end), None)
+    return len(spider.fetched), sum(a.status == 429 for a in after), reached, elapsed
+
+
+@defer.inlineCallbacks
+def neighbours(pages_free: int) -> Any:
+    results = {}
+    for with_throttled in (False, True):
+        server = ThrottlingServer()
+        free = [server.add_host() for _ in range(10)]
+        throttled = server.add_host(HostConfig(rate=2.0, burst=1.0, penalty=1.0))
+        server.start()
+        urls = [host.url(f"/f/{i}") for i in range(pages_free) for host in free]
+        if with_throttled:
+            urls = [throttled.url(f"/t/{i}") for i in range(40)] + urls
+        spider, started, _ = yield run(urls, {**ADDON, "CONCURRENT_REQUESTS": 32})
+        free_times = [t for url, t in spider.fetched.items() if not url.startswith(throttled.base_url)]
+        results[with_throttled] = len(free_times) / (max(free_times) - started)
+        yield server.stop()
+    return results
+
+
+@defer.inlineCallbacks
+def main() -> Any:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pages", type=int, default=400)
+    parser.add_argument("--parts", default="1,2,3,4", help="comma-separated parts to run")
+    args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    ideal = args.pages / RATE
+
+    print(f"\n1-2. {args.pages} pages, limit {RATE:g} requests/s, CONCURRENT_REQUESTS=16; ideal {ideal:.0f} s")
+    print("| limiter | configuration | pages | 429s (share of requests) | seconds | x ideal |\n|---|---|---|---|---|---|")
+    strict = HostConfig(rate=RATE, burst=1.0, penalty=1.0)
+    rows = [("strict, rate not told", name, strict, settings) for name, settings in CONFIGS.items() if "1" in parts]
+    for dialect in ("ietf", "x-epoch") if "2" in parts else ():
+        announced = HostConfig(rate=RATE, window=1.0, penalty=1.0, ratelimit=dialect)
+        rows.append((f"1 s windows, {dialect} headers", "scrapy-retryafter add-on", announced, ADDON))
+    for label, name, config, settings in rows:
+        fetched, throttled, sent, elapsed = yield limiter(HostConfig(**vars(config)), settings, args.pages)
+        print(f"| {label} | {name} | {fetched} / {args.pages} | {throttled} ({100 * throttled / sent:.1f} %) "
+              f"| {elapsed:.1f} | {elapsed / ideal:.2f} |")
+
+    print("\n3. Limit changed 15 s into the crawl (strict limiter, add-on)")
+    print("| change | pages | 429s after the change | first second at >= 80 % of the new rate |\n|---|---|---|---|")
+    for start, end, pages in ((5.0, 20.0, 400), (20.0, 5.0, 400)) if "3" in parts else ():
+        fetched, after, reached, _ = yield rate_change(start, end, 15.0, pages)
+        print(f"| {start:g} -> {end:g} requests/s | {fetched} / {pages} | {after} | "
+              f"{'never' if reached is None else f'{reached} s after'} |")
+
+    if "4" not in parts:
+        return
+    result = yield neighbours(150)
+    print("\n4. Ten free hosts (150 pages each), with and without a host limited to 2 requests/s beside them")
+    print("| free hosts alone, pages/s | beside the throttled host, pages/s | ratio |\n|---|---|---|")
+    print(f"| {result[False]:.0f} | {result[True]:.0f} | {result[True] / result[False]:.2f} |")
+
+
+def _main() -> None:
+    d = main()
+    d.addErrback(lambda f: (f.printTraceback(), None))
+    d.addBoth(lambda _: reactor.stop())  # type: ignore[attr-defined]
+    reactor.run()  # type: ignore[attr-defined]
+
+
+if __name__ == "__main__":
+    _main()
