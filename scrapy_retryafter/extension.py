@@ -19,10 +19,10 @@ from twisted.python.failure import Failure
 
 from .board import CooldownBoard
 from .settings import Config, load_config
+from .timers import call_later, looping_call
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
-    from twisted.internet.interfaces import IDelayedCall
 
     from typing_extensions import Self
 
@@ -51,7 +51,7 @@ class RetryAfterExtension:
         self.codes = config.all_codes
         """Every status some slot treats as a throttle (a cheap first filter)."""
         self.stats = crawler.stats
-        self._timer: IDelayedCall | None = None
+        self._timer: Any = None
         self._timer_at = float("inf")
         self._sweeper: Any = None
         self.queue_holds_slots = False
@@ -77,18 +77,15 @@ class RetryAfterExtension:
 
     def wake_at(self, when: float) -> None:
         """Make the engine look at the scheduler again at ``when`` (clock time)."""
-        if when >= self._timer_at and self._timer is not None and self._timer.active():
-            return
-        delay = max(0.0, when - self.clock()) + 0.001
-        if self._timer is not None and self._timer.active():
-            self._timer.reset(delay)
-        else:
-            from twisted.internet import reactor
-
-            self._timer = reactor.callLater(delay, self._wake)  # type: ignore[attr-defined]
+        if when >= self._timer_at:
+            return  # an earlier wake is set; the queue asks again then
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = call_later(max(0.0, when - self.clock()) + 0.001, self._wake)
         self._timer_at = when
 
     def _wake(self) -> None:
+        self._timer = None
         self._timer_at = float("inf")
         self.nudge_engine()
 
@@ -113,14 +110,13 @@ class RetryAfterExtension:
         return len(waiting)
 
     def _spider_opened(self, **kwargs: Any) -> None:
-        from twisted.internet import task
-
-        self._sweeper = task.LoopingCall(self.board.sweep)
+        self._sweeper = looping_call(self.board.sweep)
         self._sweeper.start(_SWEEP_INTERVAL, now=False)
 
     def _spider_closed(self, **kwargs: Any) -> None:
         if self._sweeper is not None and self._sweeper.running:
             self._sweeper.stop()
-        if self._timer is not None and self._timer.active():
+        if self._timer is not None:
             self._timer.cancel()
         self._timer = None
+        self._timer_at = float("inf")

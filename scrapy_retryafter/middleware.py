@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 from scrapy.exceptions import IgnoreRequest, NotConfigured
-from scrapy.utils.defer import maybe_deferred_to_future
 
 from .extension import RetryAfterExtension, SlotCoolingDown
 from .headers import parse_http_date, parse_retry_after
 from .policy import Decision, SlotPolicy, decide
 from .ratelimit import parse_ratelimit, parse_retry_after_ms, speaks_ratelimit
+from .timers import sleep
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -121,7 +121,7 @@ class RetryAfterMiddleware:
             step = min(left if left > 0 else jitter, _POLL)
             if left <= 0:
                 jitter -= step
-            await maybe_deferred_to_future(_sleep(step))
+            await sleep(step)
 
     def _response_downloaded(self, response: Response, request: Request, **kwargs: Any) -> None:
         # Fired before the downloader frees the transfer place and sends the
@@ -290,9 +290,3 @@ class RetryAfterMiddleware:
             },
             extra={"spider": self.crawler.spider},
         )
-
-
-def _sleep(seconds: float) -> Any:
-    from twisted.internet import reactor, task
-
-    return task.deferLater(reactor, seconds, lambda: None)

@@ -279,3 +279,15 @@ async def test_disabled_leaves_scrapy_alone(server):
     assert arrivals[1].t - arrivals[0].t < 1  # Scrapy's immediate retry, not a 5 s cooldown
     assert crawler.stats.get_value("retry/count") == 1
     assert crawler.stats.get_value("retry_after/throttled") is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_compressed_throttle_is_handled_once(server):
+    # HttpCompressionMiddleware (590) replaces the response before we (560) see it.
+    host = server.add_host(HostConfig(reject_first=1, penalty=0.01, retry_after="0.2", gzip=True))
+    server.start()
+    crawler = await crawl([Request(host.url("/"))], {**ADDON, "RETRY_AFTER_WAKE_JITTER": 0})
+    assert [a.status for a in server.arrivals(host)] == [429, 200]
+    assert crawler.stats.get_value("retry_after/throttled") == 1
+    assert crawler.stats.get_value("retry_after/retried") == 1
+    assert crawler.spider.seen == [(host.url("/"), 200)]

@@ -46,6 +46,8 @@ class HostConfig:
     outage: tuple[float, float] | None = None
     """(start, end) seconds after the server started: answer `status` without
     Retry-After to everything in between."""
+    gzip: bool = False
+    """Send bodies gzip-encoded (Scrapy's HttpCompressionMiddleware then replaces the response)."""
     window: float | None = None
     """Limit with fixed windows of this many seconds (quota rate x window)
     instead of a token bucket."""
@@ -203,6 +205,11 @@ class _Resource(resource.Resource):
         for name, text in host.ratelimit_headers(now, wall).items():
             request.setHeader(name.encode(), text.encode())
         body = srv.page(host, path, status).encode()
+        if host.config.gzip:
+            import gzip
+
+            body = gzip.compress(body)
+            request.setHeader(b"Content-Encoding", b"gzip")
         if host.config.latency <= 0:
             return body
 
@@ -268,3 +275,38 @@ class ThrottlingServer:
             for arrival in self.log
             if (address is None or arrival.host == address) and (status is None or arrival.status == status)
         ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve hosts from the command line until stopped (for crawls in another process).
+
+        python -m scrapy_retryafter.testing.server '{"reject_first": 1, "penalty": 2}' ...
+
+    Prints one base URL per host, then one JSON line per arrival.
+    """
+    import json
+    import sys
+
+    from twisted.internet import reactor
+
+    args = sys.argv[1:] if argv is None else argv
+    srv = ThrottlingServer()
+    hosts = [srv.add_host(HostConfig(**json.loads(arg))) for arg in args or ["{}"]]
+    srv.start()
+    for host in hosts:
+        print(host.base_url, flush=True)
+    printed = 0
+
+    def flush() -> None:
+        nonlocal printed
+        for arrival in srv.log[printed:]:
+            print(json.dumps({"t": arrival.t, "host": arrival.host, "path": arrival.path, "status": arrival.status}), flush=True)
+        printed = len(srv.log)
+        reactor.callLater(0.05, flush)  # type: ignore[attr-defined]
+
+    flush()
+    reactor.run()  # type: ignore[attr-defined]
+
+
+if __name__ == "__main__":
+    main()
