@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from .backoff import Uniform
+from .breaker import CLOSED, Breaker
 from .rate import Meter, RateController
 
 __all__ = ["CooldownBoard", "SlotState"]
@@ -29,6 +30,7 @@ class SlotState:
 
     __slots__ = (
         "cooldown_until", "refuse_until", "wake_end", "wake_left", "next_release", "pace", "next_paced", "last_seen",
+        "breaker",
     )
 
     def __init__(self) -> None:
@@ -40,6 +42,7 @@ class SlotState:
         self.pace: RateController | None = None
         self.next_paced = 0.0
         self.last_seen = 0.0
+        self.breaker: Breaker | None = None
 
 
 def next_release(start: float, end: float, left: int, u: float) -> float:
@@ -126,6 +129,10 @@ class CooldownBoard:
         if state is None:
             return 0.0
         now = self.clock()
+        if state.breaker is not None and state.breaker.state != CLOSED:
+            held_until = state.breaker.ready_at(now)
+            if held_until > now:
+                return held_until
         if now < state.cooldown_until:
             return max(state.cooldown_until, state.next_paced)
         paced = state.next_paced if state.next_paced > now else 0.0
@@ -148,6 +155,8 @@ class CooldownBoard:
             return
         now = self.clock()
         state.last_seen = now
+        if state.breaker is not None:
+            state.breaker.released(now)
         if state.pace is not None:
             state.next_paced = now + 1.0 / state.pace.rate
         if state.wake_left <= 0:
@@ -160,6 +169,28 @@ class CooldownBoard:
                 state.wake_left,
                 self.rng.random(),
             )
+
+    def breaker_throttled(self, slot: str, sent_at: float, threshold: int, open_seconds: float) -> bool:
+        """Count a throttle for the slot's breaker (call before cooling); True if it opened."""
+        state = self._slots.get(slot)
+        if state is None:
+            state = self._slots[slot] = SlotState()
+        if state.breaker is None:
+            state.breaker = Breaker()
+        # Sent after the last cooldown ended: the slot was open to traffic, so it counts.
+        counts = sent_at >= state.cooldown_until
+        return state.breaker.throttled(self.clock(), counts, threshold, open_seconds)
+
+    def breaker_succeeded(self, slot: str) -> bool:
+        """A success for the slot's breaker; True if it closed an open circuit."""
+        state = self._slots.get(slot)
+        if state is None or state.breaker is None:
+            return False
+        return state.breaker.succeeded()
+
+    def breaker_state(self, slot: str) -> str:
+        state = self._slots.get(slot)
+        return state.breaker.state if state is not None and state.breaker is not None else CLOSED
 
     def succeeded(self, slot: str) -> None:
         """A response that was not a throttle: feeds the meter and the pace."""
@@ -209,6 +240,8 @@ class CooldownBoard:
 
     def _done(self, state: SlotState, now: float) -> bool:
         if now < state.wake_end or now < state.refuse_until or now < state.cooldown_until:
+            return False
+        if state.breaker is not None and (state.breaker.state != CLOSED or state.breaker.consecutive):
             return False
         return state.pace is None or now - state.last_seen > self.pace_memory
 

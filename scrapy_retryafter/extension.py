@@ -55,6 +55,8 @@ class RetryAfterExtension:
         self._timer_at = float("inf")
         self._sweeper: Any = None
         self.queue_holds_slots = False
+        self.held_counters: list[Any] = []
+        """len(requests held for a slot), one per CooldownAwarePriorityQueue (memory, disk)."""
         """Set by CooldownAwarePriorityQueue: cooling slots wait in the scheduler."""
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
@@ -74,6 +76,9 @@ class RetryAfterExtension:
         if crawler not in _private:
             _private[crawler] = cls.from_crawler(crawler)
         return _private[crawler]
+
+    def held(self, slot: str) -> int:
+        return sum(count(slot) for count in self.held_counters)
 
     def wake_at(self, when: float) -> None:
         """Make the engine look at the scheduler again at ``when`` (clock time)."""

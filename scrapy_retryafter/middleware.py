@@ -21,6 +21,7 @@ from .extension import RetryAfterExtension, SlotCoolingDown
 from .headers import parse_http_date, parse_retry_after
 from .policy import Decision, SlotPolicy, decide
 from .ratelimit import parse_ratelimit, parse_retry_after_ms, speaks_ratelimit
+from . import signals as retry_after_signals
 from .timers import sleep
 
 if TYPE_CHECKING:
@@ -129,9 +130,11 @@ class RetryAfterMiddleware:
         if response.status in self._all_codes:
             self._throttle(request, response)
             return
+        slot = self._slot(request)
+        if slot in self.board and self.board.breaker_succeeded(slot):
+            self._circuit_closed(slot)
         if not self._watch_responses:
             return
-        slot = self._slot(request)
         policy = self.config.policy_for(slot)
         if policy.adaptive:
             self.board.succeeded(slot)
@@ -190,8 +193,12 @@ class RetryAfterMiddleware:
             max_retries=request.meta.get(MAX_RETRIES),
             rng=self.rng,
         )
+        # Before cooling: a throttle answered during the cooldown belongs to the same event.
+        sent_at = self.board.clock() - float(request.meta.get("download_latency") or 0.0)
         if policy.adaptive:
-            self._learn(request, slot)  # before cooling: a throttle inside a cooldown is the same event
+            self._learn(slot, sent_at)
+        if self.board.breaker_throttled(slot, sent_at, policy.circuit_threshold, policy.circuit_open_seconds):
+            self._circuit_opened(slot, policy)
         added = self.board.cool(slot, decision.cooldown, policy.wake_jitter)
         if decision.refuse:
             self.board.refuse(slot, decision.refuse)
@@ -234,9 +241,33 @@ class RetryAfterMiddleware:
             return facts.reset
         return None
 
-    def _learn(self, request: Request, slot: str) -> None:
+    def _circuit_opened(self, slot: str, policy: SlotPolicy) -> None:
+        held = self.extension.held(slot)
+        self.stats.inc_value("retry_after/circuit_opened")
+        logger.warning(
+            "Circuit opened for %(slot)s after %(threshold)d consecutive throttles: holding its "
+            "%(held)d request(s) for %(seconds)gs, then one probe",
+            {"slot": slot, "threshold": policy.circuit_threshold, "held": held, "seconds": policy.circuit_open_seconds},
+            extra={"spider": self.crawler.spider},
+        )
+        self.crawler.signals.send_catch_log(
+            retry_after_signals.circuit_opened,
+            slot=slot,
+            until=self.board.clock() + policy.circuit_open_seconds,
+            held=held,
+        )
+
+    def _circuit_closed(self, slot: str) -> None:
+        self.stats.inc_value("retry_after/circuit_closed")
+        logger.warning(
+            "Circuit closed for %(slot)s: a request succeeded, %(held)d request(s) flow again",
+            {"slot": slot, "held": self.extension.held(slot)},
+            extra={"spider": self.crawler.spider},
+        )
+        self.crawler.signals.send_catch_log(retry_after_signals.circuit_closed, slot=slot)
+
+    def _learn(self, slot: str, sent_at: float) -> None:
         before = self.board.rate(slot)
-        sent_at = self.board.clock() - float(request.meta.get("download_latency") or 0.0)
         after = self.board.throttled(slot, sent_at)
         if after is None:
             return

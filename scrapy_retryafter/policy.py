@@ -36,6 +36,8 @@ class SlotPolicy:
     """Pace the slot at a learned rate after its first throttle."""
     ratelimit_headers: bool = True
     """Act on RateLimit / X-RateLimit headers before a throttle comes."""
+    circuit_threshold: int = 25
+    circuit_open_seconds: float = 600.0
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,13 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         )
         self._extension = RetryAfterExtension.of(crawler)
         self._extension.queue_holds_slots = True
+        self._extension.held_counters.append(self._held)
         self._board = self._extension.board
         self._downloader_slots = crawler.engine.downloader.slots  # type: ignore[union-attr]
+
+    def _held(self, slot: str) -> int:
+        queue = self.pqueues.get(slot)
+        return len(queue) if queue is not None else 0
 
     def _ready(self) -> list[tuple[int, str]]:
         """(active downloads, slot) of every slot that may send now."""

@@ -32,6 +32,8 @@ SETTING_NAMES: dict[str, str] = {
     "wake_jitter": "RETRY_AFTER_WAKE_JITTER",
     "adaptive": "RETRY_AFTER_ADAPTIVE",
     "ratelimit_headers": "RETRY_AFTER_RATELIMIT_HEADERS",
+    "circuit_threshold": "RETRY_AFTER_CIRCUIT_THRESHOLD",
+    "circuit_open_seconds": "RETRY_AFTER_CIRCUIT_OPEN_SECONDS",
 }
 
 
@@ -83,6 +85,8 @@ _CHECKS: dict[str, _Check] = {
     "wake_jitter": (_number, lambda v: v >= 0, "a number of seconds >= 0"),
     "adaptive": (_boolean, lambda v: True, "True or False"),
     "ratelimit_headers": (_boolean, lambda v: True, "True or False"),
+    "circuit_threshold": (_integer, lambda v: v >= 1, "a whole number >= 1"),
+    "circuit_open_seconds": (_number, lambda v: v > 0, "a number of seconds > 0"),
 }
 
 

@@ -291,3 +291,42 @@ async def test_a_compressed_throttle_is_handled_once(server):
     assert crawler.stats.get_value("retry_after/throttled") == 1
     assert crawler.stats.get_value("retry_after/retried") == 1
     assert crawler.spider.seen == [(host.url("/"), 200)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_outage_opens_the_circuit_and_probes_until_recovery(server):
+    outage = server.add_host(HostConfig(status=503, outage=(0.0, 4.0), retry_after="absent"))
+    other = server.add_host()
+    server.start()
+    opened, closed = [], []
+    from scrapy_retryafter import signals as ra_signals
+
+    from .conftest import ListSpider
+
+    class Watching(ListSpider):
+        @classmethod
+        def from_crawler(cls, crawler, *args, **kwargs):
+            spider = super().from_crawler(crawler, *args, **kwargs)
+            crawler.signals.connect(lambda **kw: opened.append(kw), signal=ra_signals.circuit_opened, weak=False)
+            crawler.signals.connect(lambda **kw: closed.append(kw), signal=ra_signals.circuit_closed, weak=False)
+            return spider
+
+    settings = {
+        **ADDON,
+        "RETRY_AFTER_CIRCUIT_THRESHOLD": 3,
+        "RETRY_AFTER_CIRCUIT_OPEN_SECONDS": 1.0,
+        "RETRY_AFTER_BACKOFF_BASE": 0.1,
+        "RETRY_AFTER_BACKOFF_MAX": 0.2,
+        "RETRY_AFTER_MAX_RETRIES": 50,
+        "RETRY_AFTER_ADAPTIVE": False,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+    }
+    requests = [Request(outage.url(f"/{i}")) for i in range(10)] + [Request(other.url(f"/{i}")) for i in range(10)]
+    crawler = await crawl(requests, settings, spider_cls=Watching)
+    during = [a for a in server.arrivals(outage) if a.t - server.started < 4.0]
+    probes = len(opened)  # each reopening was caused by one probe
+    assert opened and closed and closed[0]["slot"] == outage.address
+    assert len(during) <= 3 + probes
+    assert len({url for url, status in crawler.spider.seen if status == 200}) == 20
+    assert crawler.stats.get_value("retry_after/circuit_opened") == len(opened)
+    assert all(a.status == 200 for a in server.arrivals(other))

@@ -1,0 +1,61 @@
+"""The circuit breaker as a state machine, the time passed in."""
+
+from __future__ import annotations
+
+from scrapy_retryafter.breaker import CLOSED, HALF_OPEN, OPEN, Breaker
+
+
+def test_opens_after_threshold_consecutive_counted_throttles():
+    breaker = Breaker()
+    assert [breaker.throttled(float(t), True, 3, 10.0) for t in range(3)] == [False, False, True]
+    assert breaker.state == OPEN
+    assert breaker.ready_at(2.5) == 12.0
+
+
+def test_throttles_that_do_not_count_never_open_it():
+    breaker = Breaker()
+    for t in range(100):
+        assert breaker.throttled(float(t), False, 3, 10.0) is False
+    assert breaker.state == CLOSED
+
+
+def test_a_success_resets_the_count():
+    breaker = Breaker()
+    breaker.throttled(0.0, True, 3, 10.0)
+    breaker.throttled(1.0, True, 3, 10.0)
+    assert breaker.succeeded() is False
+    assert breaker.throttled(2.0, True, 3, 10.0) is False
+
+
+def test_half_open_lets_exactly_one_probe_then_closes_on_success():
+    breaker = Breaker()
+    for t in range(3):
+        breaker.throttled(float(t), True, 3, 10.0)
+    assert breaker.ready_at(12.0) == 0.0
+    assert breaker.state == HALF_OPEN
+    breaker.released(12.0)
+    assert breaker.ready_at(12.1) > 12.1  # one probe out: nothing else leaves
+    assert breaker.succeeded() is True
+    assert breaker.state == CLOSED
+    assert breaker.ready_at(12.2) == 0.0
+
+
+def test_a_throttled_probe_opens_it_again():
+    breaker = Breaker()
+    for t in range(3):
+        breaker.throttled(float(t), True, 3, 10.0)
+    breaker.ready_at(12.0)
+    breaker.released(12.0)
+    assert breaker.throttled(12.5, False, 3, 10.0) is True  # a probe's answer counts whatever its timing
+    assert breaker.state == OPEN
+    assert breaker.ready_at(13.0) == 22.5
+
+
+def test_a_probe_that_never_answers_is_replaced():
+    breaker = Breaker()
+    for t in range(3):
+        breaker.throttled(float(t), True, 3, 10.0)
+    breaker.ready_at(12.0)
+    breaker.released(12.0, probe_timeout=5.0)
+    assert breaker.ready_at(16.0) == 17.0
+    assert breaker.ready_at(17.0) == 0.0
