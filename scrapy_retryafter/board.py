@@ -30,7 +30,7 @@ class SlotState:
 
     __slots__ = (
         "cooldown_until", "refuse_until", "wake_end", "wake_left", "next_release", "pace", "next_paced", "last_seen",
-        "breaker",
+        "breaker", "tokens",
     )
 
     def __init__(self) -> None:
@@ -43,6 +43,8 @@ class SlotState:
         self.next_paced = 0.0
         self.last_seen = 0.0
         self.breaker: Breaker | None = None
+        self.tokens = -1.0
+        """Retry budget left (gRPC-style); -1 means full and untouched."""
 
 
 def next_release(start: float, end: float, left: int, u: float) -> float:
@@ -181,12 +183,28 @@ class CooldownBoard:
         counts = sent_at >= state.cooldown_until
         return state.breaker.throttled(self.clock(), counts, threshold, open_seconds)
 
-    def breaker_succeeded(self, slot: str) -> bool:
-        """A success for the slot's breaker; True if it closed an open circuit."""
+    def spend_blind_retry(self, slot: str, max_tokens: float) -> bool:
+        """A retry the server gave no time for costs a token; False when the budget is spent.
+
+        Retries stop while the bucket is at most half full, so an outage does
+        not multiply the load on a host that is already failing.
+        """
         state = self._slots.get(slot)
-        if state is None or state.breaker is None:
+        if state is None:
+            state = self._slots[slot] = SlotState()
+        tokens = max_tokens if state.tokens < 0 else state.tokens
+        state.tokens = max(0.0, tokens - 1.0)
+        state.last_seen = self.clock()
+        return state.tokens > max_tokens / 2
+
+    def success(self, slot: str, token_ratio: float, max_tokens: float) -> bool:
+        """A response that was not a throttle; True if it closed an open circuit."""
+        state = self._slots.get(slot)
+        if state is None:
             return False
-        return state.breaker.succeeded()
+        if 0 <= state.tokens < max_tokens:
+            state.tokens = min(max_tokens, state.tokens + token_ratio)
+        return state.breaker is not None and state.breaker.succeeded()
 
     def breaker_state(self, slot: str) -> str:
         state = self._slots.get(slot)
@@ -243,6 +261,8 @@ class CooldownBoard:
             return False
         if state.breaker is not None and (state.breaker.state != CLOSED or state.breaker.consecutive):
             return False
+        if state.tokens >= 0:  # a spent budget is remembered like a learned pace
+            return now - state.last_seen > self.pace_memory
         return state.pace is None or now - state.last_seen > self.pace_memory
 
     def _forget_if_done(self, slot: str, state: SlotState, now: float) -> None:

@@ -131,11 +131,11 @@ class RetryAfterMiddleware:
             self._throttle(request, response)
             return
         slot = self._slot(request)
-        if slot in self.board and self.board.breaker_succeeded(slot):
+        policy = self.config.policy_for(slot)
+        if slot in self.board and self.board.success(slot, policy.budget_token_ratio, policy.budget_max_tokens):
             self._circuit_closed(slot)
         if not self._watch_responses:
             return
-        policy = self.config.policy_for(slot)
         if policy.adaptive:
             self.board.succeeded(slot)
         if policy.ratelimit_headers:
@@ -183,6 +183,10 @@ class RetryAfterMiddleware:
         if retry_after is None and policy.ratelimit_headers:
             retry_after = self._announced_wait(response)
         throttles = request.meta.get(THROTTLES, 0) + 1
+        blind = retry_after is None or retry_after <= 0
+        budget_spent = blind and not self.board.spend_blind_retry(slot, policy.budget_max_tokens)
+        if budget_spent:
+            self.stats.inc_value("retry_after/budget_spent")
         decision = decide(
             policy,
             status=response.status,
@@ -191,6 +195,7 @@ class RetryAfterMiddleware:
             throttles=throttles,
             retry_after=retry_after,
             max_retries=request.meta.get(MAX_RETRIES),
+            budget_spent=budget_spent,
             rng=self.rng,
         )
         # Before cooling: a throttle answered during the cooldown belongs to the same event.

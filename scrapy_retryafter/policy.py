@@ -38,6 +38,8 @@ class SlotPolicy:
     """Act on RateLimit / X-RateLimit headers before a throttle comes."""
     circuit_threshold: int = 25
     circuit_open_seconds: float = 600.0
+    budget_max_tokens: float = 10.0
+    budget_token_ratio: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ def decide(
     throttles: int,
     retry_after: float | None,
     max_retries: int | None = None,
+    budget_spent: bool = False,
     rng: Uniform = random,
 ) -> Decision:
     """Decide for a request throttled for the ``throttles``-th time (1-based)."""
@@ -76,4 +79,6 @@ def decide(
         return Decision(False, cooldown, 0.0, f"{method.upper()} without Idempotency-Key is not repeated after {status}")
     if throttles > limit:
         return Decision(False, cooldown, 0.0, f"{limit} retries exhausted")
+    if budget_spent and not (retry_after is not None and retry_after > 0):
+        return Decision(False, cooldown, 0.0, "retry budget spent: too many blind retries of late")
     return Decision(True, cooldown, 0.0, why)

@@ -34,6 +34,8 @@ SETTING_NAMES: dict[str, str] = {
     "ratelimit_headers": "RETRY_AFTER_RATELIMIT_HEADERS",
     "circuit_threshold": "RETRY_AFTER_CIRCUIT_THRESHOLD",
     "circuit_open_seconds": "RETRY_AFTER_CIRCUIT_OPEN_SECONDS",
+    "budget_max_tokens": "RETRY_AFTER_BUDGET_MAX_TOKENS",
+    "budget_token_ratio": "RETRY_AFTER_BUDGET_TOKEN_RATIO",
 }
 
 
@@ -87,6 +89,8 @@ _CHECKS: dict[str, _Check] = {
     "ratelimit_headers": (_boolean, lambda v: True, "True or False"),
     "circuit_threshold": (_integer, lambda v: v >= 1, "a whole number >= 1"),
     "circuit_open_seconds": (_number, lambda v: v > 0, "a number of seconds > 0"),
+    "budget_max_tokens": (_number, lambda v: v >= 1, "a number >= 1"),
+    "budget_token_ratio": (_number, lambda v: 0 < v <= 1, "a number > 0 and <= 1"),
 }
 
 

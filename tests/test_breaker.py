@@ -59,3 +59,17 @@ def test_a_probe_that_never_answers_is_replaced():
     breaker.released(12.0, probe_timeout=5.0)
     assert breaker.ready_at(16.0) == 17.0
     assert breaker.ready_at(17.0) == 0.0
+
+
+def test_the_retry_budget_refills_with_successes_gRPC_style():
+    from scrapy_retryafter.board import CooldownBoard
+
+    board = CooldownBoard(clock=lambda: 0.0)
+    allowed = [board.spend_blind_retry("a", 10.0) for _ in range(6)]
+    assert allowed == [True, True, True, True, False, False]  # 9, 8, 7, 6 > 5; then 5, 4
+    for _ in range(20):  # ten successes pay for one failure: 4 + 2 tokens
+        board.success("a", 0.1, 10.0)
+    assert board.spend_blind_retry("a", 10.0) is False  # 6 - 1 = 5, not more than half
+    for _ in range(20):
+        board.success("a", 0.1, 10.0)
+    assert board.spend_blind_retry("a", 10.0) is True  # 5 + 2 - 1 = 6

@@ -318,6 +318,7 @@ async def test_an_outage_opens_the_circuit_and_probes_until_recovery(server):
         "RETRY_AFTER_BACKOFF_BASE": 0.1,
         "RETRY_AFTER_BACKOFF_MAX": 0.2,
         "RETRY_AFTER_MAX_RETRIES": 50,
+        "RETRY_AFTER_BUDGET_MAX_TOKENS": 1000,  # the budget has its own test; pages given up here would be lost
         "RETRY_AFTER_ADAPTIVE": False,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
     }
@@ -330,3 +331,37 @@ async def test_an_outage_opens_the_circuit_and_probes_until_recovery(server):
     assert len({url for url, status in crawler.spider.seen if status == 200}) == 20
     assert crawler.stats.get_value("retry_after/circuit_opened") == len(opened)
     assert all(a.status == 200 for a in server.arrivals(other))
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_retry_budget_stops_blind_retries_during_an_outage(server):
+    host = server.add_host(HostConfig(status=503, outage=(0.0, 60.0), retry_after="absent"))
+    server.start()
+    settings = {
+        **ADDON,
+        "RETRY_AFTER_BACKOFF_BASE": 0.05,
+        "RETRY_AFTER_BACKOFF_MAX": 0.1,
+        "RETRY_AFTER_MAX_RETRIES": 50,
+        "RETRY_AFTER_CIRCUIT_THRESHOLD": 1000,
+        "RETRY_AFTER_ADAPTIVE": False,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+    }
+    crawler = await crawl([Request(host.url(f"/{i}")) for i in range(20)], settings)
+    stats = crawler.stats.get_stats()
+    # 10 tokens, retries allowed while more than 5 are left: 4 retries, then every failure gives up.
+    assert stats["retry_after/retried"] == 4
+    assert len(server.arrivals(host)) == 20 + 4
+    assert stats["retry_after/gave_up"] == 20
+    assert stats["retry_after/budget_spent"] == 20
+
+
+@pytest_twisted.ensureDeferred
+async def test_retries_that_obey_retry_after_spend_no_budget(server):
+    host = server.add_host(HostConfig(reject_first=12, penalty=0.0, retry_after="0.05"))
+    server.start()
+    settings = {**ADDON, "RETRY_AFTER_MAX_RETRIES": 50, "RETRY_AFTER_ADAPTIVE": False, "RETRY_AFTER_PAD": 1.0,
+                "RETRY_AFTER_WAKE_JITTER": 0, "CONCURRENT_REQUESTS_PER_DOMAIN": 1}
+    crawler = await crawl([Request(host.url("/"))], settings)
+    assert crawler.stats.get_value("retry_after/retried") == 12
+    assert crawler.stats.get_value("retry_after/budget_spent") is None
+    assert crawler.spider.seen == [(host.url("/"), 200)]
