@@ -8,6 +8,7 @@ until the slot reopens.
 
 from __future__ import annotations
 
+import collections
 import logging
 import random
 import time
@@ -51,6 +52,7 @@ class RetryAfterMiddleware:
         self.stats = crawler.stats
         self.rng = random.Random()
         self._all_codes = self.config.all_codes
+        self._holding: collections.Counter[str] = collections.Counter()
         self._watch_responses = any(
             p.adaptive or p.ratelimit_headers for p in (self.config.default, *self.config.slots.values())
         )
@@ -102,27 +104,37 @@ class RetryAfterMiddleware:
         if refused:
             self._give_up(request, slot, None, f"slot refuses requests for {refused:.0f}s more (Retry-After over the cap)")
             raise IgnoreRequest(f"{slot} asked for a wait over RETRY_AFTER_MAX_DELAY")
-        if not self.board.remaining(slot):
-            return None
         if self.extension.queue_holds_slots:
-            # Left the scheduler before the throttle, reached us after it.
-            raise SlotCoolingDown(slot)
+            if self.board.remaining(slot):
+                # Left the scheduler before the throttle, reached us after it.
+                raise SlotCoolingDown(slot)
+            return None
+        if self.board.ready_at(slot, self._holding[slot] + 1) <= self.board.clock():
+            self.board.released(slot)
+            return None
         return self._hold(slot)
 
     async def _hold(self, slot: str) -> None:
-        """Without the queue, wait out the cooldown here (this holds a download place)."""
-        jitter = self.rng.uniform(0.0, self.config.policy_for(slot).wake_jitter)
-        while True:
-            engine = self.crawler.engine
-            if engine is None or not engine.running:
-                raise IgnoreRequest(f"crawl stopping while {slot} cools down")
-            left = self.board.remaining(slot)
-            if left <= 0 and jitter <= 0:
-                return
-            step = min(left if left > 0 else jitter, _POLL)
-            if left <= 0:
-                jitter -= step
-            await sleep(step)
+        """Without the queue, wait here for the board's release (this holds a download place).
+
+        The same board decides as for the queue: cooldown, wake spread, pace, breaker.
+        """
+        self._holding[slot] += 1
+        try:
+            while True:
+                engine = self.crawler.engine
+                if engine is None or not engine.running:
+                    raise IgnoreRequest(f"crawl stopping while {slot} is held")
+                now = self.board.clock()
+                when = self.board.ready_at(slot, self._holding[slot])
+                if when <= now:
+                    self.board.released(slot)
+                    return
+                await sleep(min(when - now, _POLL))
+        finally:
+            self._holding[slot] -= 1
+            if not self._holding[slot]:
+                del self._holding[slot]
 
     def _response_downloaded(self, response: Response, request: Request, **kwargs: Any) -> None:
         # Fired before the downloader frees the transfer place and sends the

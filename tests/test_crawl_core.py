@@ -293,8 +293,12 @@ async def test_a_compressed_throttle_is_handled_once(server):
     assert crawler.spider.seen == [(host.url("/"), 200)]
 
 
+MIDDLEWARE_ONLY = {"DOWNLOADER_MIDDLEWARES": {"scrapy_retryafter.RetryAfterMiddleware": 560}}
+
+
+@pytest.mark.parametrize("mode", [ADDON, MIDDLEWARE_ONLY], ids=["add-on", "middleware only"])
 @pytest_twisted.ensureDeferred
-async def test_an_outage_opens_the_circuit_and_probes_until_recovery(server):
+async def test_an_outage_opens_the_circuit_and_probes_until_recovery(server, mode):
     outage = server.add_host(HostConfig(status=503, outage=(0.0, 4.0), retry_after="absent"))
     other = server.add_host()
     server.start()
@@ -312,7 +316,7 @@ async def test_an_outage_opens_the_circuit_and_probes_until_recovery(server):
             return spider
 
     settings = {
-        **ADDON,
+        **mode,
         "RETRY_AFTER_CIRCUIT_THRESHOLD": 3,
         "RETRY_AFTER_CIRCUIT_OPEN_SECONDS": 1.0,
         "RETRY_AFTER_BACKOFF_BASE": 0.1,
