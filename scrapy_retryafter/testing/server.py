@@ -282,7 +282,8 @@ def main(argv: list[str] | None = None) -> None:
 
         python -m scrapy_retryafter.testing.server '{"reject_first": 1, "penalty": 2}' ...
 
-    Prints one base URL per host, then one JSON line per arrival.
+    Prints one base URL per host, then one JSON line per arrival (unless the
+    first argument is --quiet).
     """
     import json
     import sys
@@ -290,6 +291,8 @@ def main(argv: list[str] | None = None) -> None:
     from twisted.internet import reactor
 
     args = sys.argv[1:] if argv is None else argv
+    quiet = bool(args) and args[0] == "--quiet"
+    args = args[1:] if quiet else args
     srv = ThrottlingServer()
     hosts = [srv.add_host(HostConfig(**json.loads(arg))) for arg in args or ["{}"]]
     srv.start()
@@ -298,6 +301,8 @@ def main(argv: list[str] | None = None) -> None:
     printed = 0
 
     def flush() -> None:
+        if quiet:
+            return
         nonlocal printed
         for arrival in srv.log[printed:]:
             print(json.dumps({"t": arrival.t, "host": arrival.host, "path": arrival.path, "status": arrival.status}), flush=True)
