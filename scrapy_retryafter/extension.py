@@ -9,6 +9,7 @@ their slot was throttled.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 import weakref
@@ -18,10 +19,15 @@ from scrapy import signals
 from twisted.python.failure import Failure
 
 from .board import CooldownBoard
+from .breaker import OPEN
+from .parking import Parking
 from .settings import Config, load_config
 from .timers import call_later, looping_call
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from scrapy import Request
     from scrapy.crawler import Crawler
 
     from typing_extensions import Self
@@ -55,9 +61,16 @@ class RetryAfterExtension:
         self._timer_at = float("inf")
         self._sweeper: Any = None
         self.queue_holds_slots = False
+        """Set by CooldownAwarePriorityQueue: cooling slots wait in the scheduler."""
         self.held_counters: list[Any] = []
         """len(requests held for a slot), one per CooldownAwarePriorityQueue (memory, disk)."""
-        """Set by CooldownAwarePriorityQueue: cooling slots wait in the scheduler."""
+        self.queues: list[Any] = []
+        """Every CooldownAwarePriorityQueue of the crawl (memory, disk)."""
+        self.held_requests: list[Any] = []
+        """Callables yielding (request, slot) held outside the scheduler (middleware-only mode)."""
+        self.parking: Parking | None = None
+        if config.enabled and config.parking:
+            self.parking = Parking(crawler, config, self._held_at_close)
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
 
@@ -79,6 +92,42 @@ class RetryAfterExtension:
 
     def held(self, slot: str) -> int:
         return sum(count(slot) for count in self.held_counters)
+
+    @property
+    def parked_by_slot(self) -> collections.Counter[str]:
+        return self.parking.by_slot if self.parking is not None else collections.Counter()
+
+    def _held_at_close(self) -> Iterator[tuple[Request, str, float, str]]:
+        """Requests still held for a cooling or circuit-open slot when the crawl closes.
+
+        Disk queues (JOBDIR) keep theirs for the resumed crawl; memory queues
+        would drop them, so they are handed over for parking.
+        """
+        board = self.board
+        now = board.clock()
+        for queue in self.queues:
+            if queue.key:
+                continue
+            for slot in list(queue.pqueues):
+                why = self._holding(slot, now)
+                if why is None:
+                    continue
+                slot_queue = queue.pqueues.pop(slot)
+                wait = max(0.0, board.ready_at(slot, 1) - now)
+                while (request := slot_queue.pop()) is not None:
+                    yield request, slot, wait, why
+        for held in self.held_requests:
+            for request, slot in held():
+                yield request, slot, max(0.0, board.ready_at(slot, 1) - now), self._holding(slot, now) or "held"
+
+    def _holding(self, slot: str, now: float) -> str | None:
+        if slot not in self.board:
+            return None
+        if self.board.breaker_state(slot) == OPEN:
+            return "its circuit was open"
+        if self.board.ready_at(slot, 1) > now:
+            return "it was cooling down"
+        return None
 
     def wake_at(self, when: float) -> None:
         """Make the engine look at the scheduler again at ``when`` (clock time)."""

@@ -20,6 +20,7 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 
 from .extension import RetryAfterExtension, SlotCoolingDown
 from .headers import parse_http_date, parse_retry_after
+from .parkfile import iso
 from .policy import Decision, SlotPolicy, decide
 from .ratelimit import parse_ratelimit, parse_retry_after_ms, speaks_ratelimit
 from . import signals as retry_after_signals
@@ -53,6 +54,9 @@ class RetryAfterMiddleware:
         self.rng = random.Random()
         self._all_codes = self.config.all_codes
         self._holding: collections.Counter[str] = collections.Counter()
+        self._held: weakref.WeakKeyDictionary[Request, str] = weakref.WeakKeyDictionary()
+        """Requests waiting in _hold (middleware-only mode), parked if the crawl closes first."""
+        extension.held_requests.append(lambda: [(r, s) for r, s in list(self._held.items()) if self._held.pop(r, None)])
         self._watch_responses = any(
             p.adaptive or p.ratelimit_headers for p in (self.config.default, *self.config.slots.values())
         )
@@ -96,13 +100,16 @@ class RetryAfterMiddleware:
 
     def process_request(
         self, request: Request, spider: Spider | None = None
-    ) -> Coroutine[Any, Any, None] | None:
+    ) -> Coroutine[Any, Any, Request | None] | Request | None:
         slot = self._slot(request)
         if slot not in self.board:
             return None
         refused = self.board.refused(slot)
         if refused:
-            self._give_up(request, slot, None, f"slot refuses requests for {refused:.0f}s more (Retry-After over the cap)")
+            reason = f"slot refuses requests for {refused:.0f}s more (Retry-After over the cap)"
+            parked = self._give_up(request, slot, None, reason, "over_cap", refused)
+            if parked is not None:
+                return parked
             raise IgnoreRequest(f"{slot} asked for a wait over RETRY_AFTER_MAX_DELAY")
         if self.extension.queue_holds_slots:
             if self.board.remaining(slot):
@@ -112,26 +119,36 @@ class RetryAfterMiddleware:
         if self.board.ready_at(slot, self._holding[slot] + 1) <= self.board.clock():
             self.board.released(slot)
             return None
-        return self._hold(slot)
+        return self._hold(slot, request)
 
-    async def _hold(self, slot: str) -> None:
+    async def _hold(self, slot: str, request: Request) -> Request | None:
         """Without the queue, wait here for the board's release (this holds a download place).
 
         The same board decides as for the queue: cooldown, wake spread, pace, breaker.
         """
         self._holding[slot] += 1
+        self._held[request] = slot
         try:
             while True:
                 engine = self.crawler.engine
                 if engine is None or not engine.running:
+                    parking = self.extension.parking
+                    if parking is not None and request in self._held:
+                        del self._held[request]
+                        wait = max(0.0, self.board.ready_at(slot, 1) - self.board.clock())
+                        return parking.park(
+                            request, slot, "held_at_close", "the crawl closed while it was held",
+                            request.meta.get(THROTTLES, 0), wait,
+                        )
                     raise IgnoreRequest(f"crawl stopping while {slot} is held")
                 now = self.board.clock()
                 when = self.board.ready_at(slot, self._holding[slot])
                 if when <= now:
                     self.board.released(slot)
-                    return
+                    return None
                 await sleep(min(when - now, _POLL))
         finally:
+            self._held.pop(request, None)
             self._holding[slot] -= 1
             if not self._holding[slot]:
                 del self._holding[slot]
@@ -307,7 +324,11 @@ class RetryAfterMiddleware:
             return response
         if not decision.retry or request.meta.get("dont_retry", False):
             if not request.meta.get("dont_retry", False):
-                self._give_up(request, self._slot(request), response.status, decision.reason)
+                slot = self._slot(request)
+                wait = decision.refuse or self.board.remaining(slot)
+                parked = self._give_up(request, slot, response.status, decision.reason, decision.outcome, wait)
+                if parked is not None:
+                    return parked
             return response
         self.stats.inc_value("retry_after/retried")
         retry = request.copy()
@@ -324,17 +345,35 @@ class RetryAfterMiddleware:
             return back
         return None
 
-    def _give_up(self, request: Request, slot: str, status: int | None, reason: str) -> None:
-        """The one place a request stops being retried."""
+    def _give_up(
+        self, request: Request, slot: str, status: int | None, reason: str, outcome: str, wait: float
+    ) -> Request | None:
+        """The one place a request stops being retried: parked for a later run when it may be.
+
+        Returns the parked request for the engine to drop, or None when the
+        caller fails it as Scrapy would.
+        """
         self.stats.inc_value("retry_after/gave_up")
+        attempts = request.meta.get(THROTTLES, 0) + (status is not None)
+        parking = self.extension.parking
+        parkable = parking is not None and outcome != "not_repeatable"
+        if parkable:
+            assert parking is not None
+            parked = parking.park(request, slot, outcome, reason, attempts, wait)
+            fate = f"; parked until {iso(time.time() + wait)} in {parking.path}"
+        else:
+            parked = None
+            fate = "" if parking is None else "; not parked: repeating it could apply it twice"
         logger.warning(
-            "Gave up %(request)s on %(slot)s after %(throttles)d throttle(s)%(status)s: %(reason)s",
+            "Gave up %(request)s on %(slot)s after %(throttles)d throttle(s)%(status)s: %(reason)s%(fate)s",
             {
                 "request": request,
                 "slot": slot,
-                "throttles": request.meta.get(THROTTLES, 0) + (status is not None),
+                "throttles": attempts,
                 "status": f" (last {status})" if status is not None else "",
                 "reason": reason,
+                "fate": fate,
             },
             extra={"spider": self.crawler.spider},
         )
+        return parked

@@ -50,6 +50,8 @@ class Decision:
     refuse: float
     """Seconds the slot's requests are given up unsent (Retry-After over the cap)."""
     reason: str
+    outcome: str = "retry"
+    """``retry``, or why not: ``over_cap``, ``not_repeatable``, ``retries_exhausted``, ``budget_spent``."""
 
 
 def decide(
@@ -68,7 +70,7 @@ def decide(
     limit = policy.max_retries if max_retries is None else max_retries
     if retry_after is not None and retry_after > policy.max_delay:
         refuse = min(retry_after, _REFUSE_AT_MOST)
-        return Decision(False, 0.0, refuse, f"Retry-After {retry_after:g}s is over the {policy.max_delay:g}s cap")
+        return Decision(False, 0.0, refuse, f"Retry-After {retry_after:g}s is over the {policy.max_delay:g}s cap", "over_cap")
     if retry_after is not None and retry_after > 0:
         cooldown = retry_after * policy.pad
         why = f"Retry-After {retry_after:g}s x{policy.pad:g}"
@@ -76,9 +78,9 @@ def decide(
         cooldown = backoff(throttles, policy.backoff_base, policy.backoff_max, rng)
         why = "no usable Retry-After, backoff"
     if status != 429 and method.upper() not in IDEMPOTENT_METHODS and not has_idempotency_key:
-        return Decision(False, cooldown, 0.0, f"{method.upper()} without Idempotency-Key is not repeated after {status}")
+        return Decision(False, cooldown, 0.0, f"{method.upper()} without Idempotency-Key is not repeated after {status}", "not_repeatable")
     if throttles > limit:
-        return Decision(False, cooldown, 0.0, f"{limit} retries exhausted")
+        return Decision(False, cooldown, 0.0, f"{limit} retries exhausted", "retries_exhausted")
     if budget_spent and not (retry_after is not None and retry_after > 0):
-        return Decision(False, cooldown, 0.0, "retry budget spent: too many blind retries of late")
+        return Decision(False, cooldown, 0.0, "retry budget spent: too many blind retries of late", "budget_spent")
     return Decision(True, cooldown, 0.0, why)

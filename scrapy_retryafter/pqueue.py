@@ -49,6 +49,7 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         self._extension = RetryAfterExtension.of(crawler)
         self._extension.queue_holds_slots = True
         self._extension.held_counters.append(self._held)
+        self._extension.queues.append(self)
         self._board = self._extension.board
         self._downloader_slots = crawler.engine.downloader.slots  # type: ignore[union-attr]
 

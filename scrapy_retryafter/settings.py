@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -121,6 +122,9 @@ class Config:
     enabled: bool
     default: SlotPolicy
     slots: Mapping[str, SlotPolicy]
+    parking: bool = True
+    park_file: str | None = None
+    """None: inside JOBDIR when set, else under the project's .scrapy directory."""
 
     def policy_for(self, slot: str) -> SlotPolicy:
         return self.slots.get(slot, self.default)
@@ -181,4 +185,15 @@ def load_config(settings: Mapping[str, Any] | Any) -> Config:
         slots[slot] = _policy(
             default, overrides, lambda key, slot=slot: f"RETRY_AFTER_SLOTS[{slot!r}][{key!r}]"
         )
-    return Config(enabled=enabled, default=default, slots=slots)
+    parking = _bool("RETRY_AFTER_PARKING", True if get("RETRY_AFTER_PARKING") is None else get("RETRY_AFTER_PARKING"))
+    return Config(enabled=enabled, default=default, slots=slots, parking=parking, park_file=_park_file(get("RETRY_AFTER_PARK_FILE")))
+
+
+def _park_file(raw: Any) -> str | None:
+    if raw is None or raw == "":
+        return None
+    if isinstance(raw, os.PathLike):
+        raw = os.fspath(raw)
+    if not isinstance(raw, str) or "\0" in raw:
+        raise RetryAfterSettingError(f"RETRY_AFTER_PARK_FILE must be a file path (str or os.PathLike); got {raw!r}")
+    return raw

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -52,7 +54,11 @@ def server():
 
 
 async def crawl(requests: list[Request], settings: dict[str, Any] | None = None, spider_cls: type[Spider] = ListSpider):
-    runner = CrawlerRunner({**BASE_SETTINGS, **(settings or {})})
+    settings = {**BASE_SETTINGS, **(settings or {})}
+    if not settings.get("JOBDIR"):
+        # Each crawl its own park file: parked requests must not leak into the next test.
+        settings.setdefault("RETRY_AFTER_PARK_FILE", str(Path(tempfile.mkdtemp(prefix="parked-")) / "parked.jsonl"))
+    runner = CrawlerRunner(settings)
     crawler = runner.create_crawler(spider_cls)
     await crawler.crawl(requests=requests)
     return crawler

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -101,7 +102,8 @@ async def test_retry_after_over_the_cap_gives_up_the_slot_at_once(server):
     host = server.add_host(HostConfig(reject_first=10**6, penalty=0.01, retry_after="3600"))
     server.start()
     started = time.monotonic()
-    crawler = await crawl([Request(host.url(f"/{i}")) for i in range(5)], {**ADDON, "CONCURRENT_REQUESTS_PER_DOMAIN": 1})
+    settings = {**ADDON, "CONCURRENT_REQUESTS_PER_DOMAIN": 1, "RETRY_AFTER_PARKING": False}
+    crawler = await crawl([Request(host.url(f"/{i}")) for i in range(5)], settings)
     assert time.monotonic() - started < 5
     assert len(server.arrivals(host)) == 1
     assert crawler.stats.get_value("retry_after/gave_up") == 5
@@ -113,7 +115,10 @@ async def test_retry_after_over_the_cap_gives_up_the_slot_at_once(server):
 async def test_gives_up_after_max_retries_and_scrapy_does_not_retry_again(server):
     host = server.add_host(HostConfig(reject_first=10**6, penalty=0.01, retry_after="0.2"))
     server.start()
-    settings = {**ADDON, "RETRY_AFTER_MAX_RETRIES": 2, "RETRY_AFTER_PAD": 1.0, "RETRY_AFTER_WAKE_JITTER": 0}
+    settings = {
+        **ADDON, "RETRY_AFTER_MAX_RETRIES": 2, "RETRY_AFTER_PAD": 1.0, "RETRY_AFTER_WAKE_JITTER": 0,
+        "RETRY_AFTER_PARKING": False,
+    }
     crawler = await crawl([Request(host.url("/"))], settings)
     assert len(server.arrivals(host)) == 3
     stats = crawler.stats.get_stats()
@@ -221,13 +226,14 @@ async def test_a_throttle_is_never_served_from_the_http_cache(server, tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_stopping_during_a_long_cooldown_ends_the_crawl_within_seconds(server):
+async def test_stopping_during_a_long_cooldown_ends_the_crawl_within_seconds_and_parks_the_held(server, tmp_path):
     host = server.add_host(HostConfig(reject_first=1, penalty=60.0))
     server.start()
     from scrapy.crawler import CrawlerRunner
     from .conftest import BASE_SETTINGS, ListSpider
 
-    runner = CrawlerRunner({**BASE_SETTINGS, **ADDON})
+    park_file = tmp_path / "parked.jsonl"
+    runner = CrawlerRunner({**BASE_SETTINGS, **ADDON, "RETRY_AFTER_PARK_FILE": str(park_file)})
     crawler = runner.create_crawler(ListSpider)
     done = crawler.crawl(requests=[Request(host.url(f"/{i}")) for i in range(4)])
     from twisted.internet import reactor, task
@@ -239,6 +245,10 @@ async def test_stopping_during_a_long_cooldown_ends_the_crawl_within_seconds(ser
     await (deferred_from_coro(stop()) if stop else crawler.stop())
     await done
     assert time.monotonic() - stopping < 3
+    records = [json.loads(line) for line in park_file.read_text().splitlines()]
+    assert sorted(r["url"] for r in records) == sorted(host.url(f"/{i}") for i in range(4))
+    assert {r["reason"] for r in records} == {"held_at_close"}
+    assert crawler.spider.failures == []
 
 
 @pytest_twisted.ensureDeferred

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from scrapy.settings import Settings
 
@@ -327,3 +329,31 @@ def test_config_is_not_shared_with_settings():
     config = load_config(raw)
     overrides["pad"] = 0.1
     assert config.policy_for("host").pad == 2.0
+
+
+@pytest.mark.parametrize(
+    "raw, parking, park_file",
+    [
+        ({}, True, None),
+        ({"RETRY_AFTER_PARKING": False}, False, None),
+        ({"RETRY_AFTER_PARKING": "false", "RETRY_AFTER_PARK_FILE": "/tmp/p.jsonl"}, False, "/tmp/p.jsonl"),
+        ({"RETRY_AFTER_PARK_FILE": Path("/tmp/q.jsonl")}, True, "/tmp/q.jsonl"),
+        ({"RETRY_AFTER_PARK_FILE": ""}, True, None),
+    ],
+)
+def test_parking_settings(raw, parking, park_file):
+    config = load_config(raw)
+    assert (config.parking, config.park_file) == (parking, park_file)
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"RETRY_AFTER_PARKING": "maybe"}, "RETRY_AFTER_PARKING must be True or False"),
+        ({"RETRY_AFTER_PARK_FILE": 3}, "RETRY_AFTER_PARK_FILE must be a file path"),
+        ({"RETRY_AFTER_PARK_FILE": "a\0b"}, "RETRY_AFTER_PARK_FILE must be a file path"),
+    ],
+)
+def test_bad_parking_settings(raw, message):
+    with pytest.raises(RetryAfterSettingError, match=message):
+        load_config(raw)

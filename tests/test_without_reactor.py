@@ -55,7 +55,7 @@ def test_a_cooldown_ends_on_time_without_a_twisted_reactor(tmp_path):
         url = server.stdout.readline().strip() + "/page"
         script = tmp_path / "crawl.py"
         script.write_text(CRAWL)
-        done = subprocess.run([sys.executable, str(script), url], capture_output=True, text=True, timeout=60)
+        done = subprocess.run([sys.executable, str(script), url], capture_output=True, text=True, timeout=60, cwd=tmp_path)
         assert done.returncode == 0, done.stderr[-3000:]
         lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
         assert lines["STATUS"] == "200"
