@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from .backoff import Uniform
-from .breaker import CLOSED, Breaker
+from .breaker import CLOSED, OPEN, Breaker
 from .rate import Meter, RateController
 
 __all__ = ["CooldownBoard", "SlotState"]
@@ -279,3 +279,59 @@ class CooldownBoard:
         for slot in idle:
             del self._meters[slot]
         return len(done)
+
+    def snapshot(self) -> dict[str, dict[str, float | str]]:
+        """What a paused crawl must not forget, per slot, in seconds from now.
+
+        A resumed crawl (JOBDIR) restores it, so it does not hit a host that
+        is still cooling or whose circuit is still open.
+        """
+        now = self.clock()
+        saved: dict[str, dict[str, float | str]] = {}
+        for slot, state in self._slots.items():
+            entry: dict[str, float | str] = {}
+            if state.cooldown_until > now:
+                entry["cooldown"] = state.cooldown_until - now
+            if state.refuse_until > now:
+                entry["refuse"] = state.refuse_until - now
+            breaker = state.breaker
+            if breaker is not None and (breaker.state != CLOSED or breaker.consecutive):
+                entry["breaker"] = breaker.state
+                entry["breaker_open"] = max(0.0, breaker.opened_until - now) if breaker.state == OPEN else 0.0
+                entry["breaker_consecutive"] = breaker.consecutive
+            if state.pace is not None:
+                entry["rate"] = state.pace.rate
+            if state.tokens >= 0:
+                entry["tokens"] = state.tokens
+            if entry:
+                saved[slot] = entry
+        return saved
+
+    def restore(self, saved: dict[str, dict[str, float | str]], elapsed: float = 0.0) -> int:
+        """Load a snapshot taken ``elapsed`` seconds ago; return how many slots it restored."""
+        now = self.clock()
+        restored = 0
+        for slot, entry in saved.items():
+            state = self._slots.get(slot) or SlotState()
+            cooldown = float(entry.get("cooldown", 0.0)) - elapsed
+            if cooldown > 0:
+                state.cooldown_until = state.wake_end = max(state.cooldown_until, now + cooldown)
+            refuse = float(entry.get("refuse", 0.0)) - elapsed
+            if refuse > 0:
+                state.refuse_until = max(state.refuse_until, now + refuse)
+            if "breaker" in entry:
+                breaker = state.breaker = state.breaker or Breaker()
+                breaker.consecutive = int(entry.get("breaker_consecutive", 0))
+                if entry["breaker"] != CLOSED:
+                    # Open or half-open when paused: open until its time is up, then one probe.
+                    breaker.state = OPEN
+                    breaker.opened_until = now + max(0.0, float(entry.get("breaker_open", 0.0)) - elapsed)
+            if "rate" in entry:
+                state.pace = state.pace or RateController()
+                state.pace.restored(float(entry["rate"]), now)
+            if "tokens" in entry:
+                state.tokens = float(entry["tokens"])
+            state.last_seen = now
+            self._slots[slot] = state
+            restored += 1
+        return restored

@@ -20,6 +20,7 @@ from twisted.python.failure import Failure
 
 from .board import CooldownBoard
 from .breaker import OPEN
+from .jobstate import STATE_FILE, load_board, save_board
 from .parking import Parking
 from .settings import Config, load_config
 from .timers import call_later, looping_call
@@ -68,6 +69,9 @@ class RetryAfterExtension:
         """Every CooldownAwarePriorityQueue of the crawl (memory, disk)."""
         self.held_requests: list[Any] = []
         """Callables yielding (request, slot) held outside the scheduler (middleware-only mode)."""
+        self.jobdir: str | None = crawler.settings.get("JOBDIR") or None
+        if self.jobdir and config.enabled:
+            self._resume(self.jobdir)
         self.parking: Parking | None = None
         if config.enabled and config.parking:
             self.parking = Parking(crawler, config, self._held_at_close)
@@ -167,7 +171,16 @@ class RetryAfterExtension:
         self._sweeper = looping_call(self.board.sweep)
         self._sweeper.start(_SWEEP_INTERVAL, now=False)
 
+    def _resume(self, jobdir: str) -> None:
+        restored = load_board(self.board, jobdir)
+        if restored < 0:
+            logger.warning("Ignoring an unreadable %s in JOBDIR %s: starting with no cooldowns", STATE_FILE, jobdir)
+        elif restored:
+            logger.info("Resumed the cooldown, breaker and pace of %d slot(s) from JOBDIR %s", restored, jobdir)
+
     def _spider_closed(self, **kwargs: Any) -> None:
+        if self.jobdir and self.config.enabled:
+            save_board(self.board, self.jobdir)
         if self._sweeper is not None and self._sweeper.running:
             self._sweeper.stop()
         if self._timer is not None:

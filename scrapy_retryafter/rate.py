@@ -115,3 +115,12 @@ class RateController:
         self.ceiling = rate
         # Never throttled: follow the server. Throttled: the learned rate may only drop.
         self.rate = rate if not self.last_cut or not self.rate else min(self.rate, rate)
+
+    def restored(self, rate: float, now: float) -> None:
+        """Resume at a rate saved with a paused job, probing above it only slowly."""
+        self.rate = max(self.min_rate, rate)
+        self.peak = self.rate
+        self.last_cut = now
+        self.window = 0.0
+        self.starting = False
+        self.scale = STEADY_SCALE
