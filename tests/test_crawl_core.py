@@ -332,7 +332,7 @@ async def test_an_outage_opens_the_circuit_and_probes_until_recovery(server, mod
         "RETRY_AFTER_BACKOFF_BASE": 0.1,
         "RETRY_AFTER_BACKOFF_MAX": 0.2,
         "RETRY_AFTER_MAX_RETRIES": 50,
-        "RETRY_AFTER_BUDGET_MAX_TOKENS": 1000,  # the budget has its own test; pages given up here would be lost
+        "RETRY_AFTER_BUDGET_MAX_TOKENS": 1000,  # the budget has its own test; here every page is fetched in this run
         "RETRY_AFTER_ADAPTIVE": False,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
     }
@@ -348,11 +348,13 @@ async def test_an_outage_opens_the_circuit_and_probes_until_recovery(server, mod
 
 
 @pytest_twisted.ensureDeferred
-async def test_the_retry_budget_stops_blind_retries_during_an_outage(server):
+async def test_the_retry_budget_stops_blind_retries_during_an_outage_and_parks_the_rest(server, tmp_path):
     host = server.add_host(HostConfig(status=503, outage=(0.0, 60.0), retry_after="absent"))
     server.start()
+    park_file = tmp_path / "parked.jsonl"
     settings = {
         **ADDON,
+        "RETRY_AFTER_PARK_FILE": str(park_file),
         "RETRY_AFTER_BACKOFF_BASE": 0.05,
         "RETRY_AFTER_BACKOFF_MAX": 0.1,
         "RETRY_AFTER_MAX_RETRIES": 50,
@@ -367,6 +369,10 @@ async def test_the_retry_budget_stops_blind_retries_during_an_outage(server):
     assert len(server.arrivals(host)) == 20 + 4
     assert stats["retry_after/gave_up"] == 20
     assert stats["retry_after/budget_spent"] == 20
+    records = [json.loads(line) for line in park_file.read_text().splitlines()]
+    assert sorted(r["url"] for r in records) == sorted(host.url(f"/{i}") for i in range(20))
+    assert {r["reason"] for r in records} == {"budget_spent"}
+    assert crawler.spider.failures == []
 
 
 @pytest_twisted.ensureDeferred

@@ -46,6 +46,9 @@ class HostConfig:
     outage: tuple[float, float] | None = None
     """(start, end) seconds after the server started: answer `status` without
     Retry-After to everything in between."""
+    windows: list[tuple[float, float]] = field(default_factory=list)
+    """(start, end) seconds after the server started: throttle everything in
+    between, announcing the time left in Retry-After."""
     gzip: bool = False
     """Send bodies gzip-encoded (Scrapy's HttpCompressionMiddleware then replaces the response)."""
     window: float | None = None
@@ -107,6 +110,9 @@ class Host:
             start, end = config.outage
             if start <= now - self.server.started < end:
                 return config.status, None
+        for start, end in config.windows:
+            if start <= now - self.server.started < end:
+                return config.status, end - (now - self.server.started)
         if now < self.penalty_until:
             if config.extend_on_hit:
                 self.penalty_until = now + config.penalty
