@@ -158,3 +158,36 @@ async def test_jobdir_keeps_the_park_file_inside_the_job(server, tmp_path):
     await crawl([Request(host.url("/"))], {**ADDON, "JOBDIR": str(jobdir)})
     (record,) = _records(jobdir / "retry_after.parked.jsonl")
     assert record["url"] == host.url("/")
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [ADDON, {"DOWNLOADER_MIDDLEWARES": {"scrapy_retryafter.RetryAfterMiddleware": 560}}],
+    ids=["add-on", "middleware only"],
+)
+@pytest_twisted.ensureDeferred
+async def test_stopping_during_a_cooldown_parks_what_was_held_in_either_mode(server, tmp_path, mode):
+    host = server.add_host(HostConfig(reject_first=1, penalty=60.0))
+    server.start()
+    from scrapy.crawler import CrawlerRunner
+    from scrapy.utils.defer import deferred_from_coro
+    from twisted.internet import reactor, task
+
+    from .conftest import BASE_SETTINGS
+
+    park_file = tmp_path / "parked.jsonl"
+    settings = {**BASE_SETTINGS, **mode, "RETRY_AFTER_PARK_FILE": str(park_file), "CONCURRENT_REQUESTS_PER_DOMAIN": 2}
+    crawler = CrawlerRunner(settings).create_crawler(ListSpider)
+    done = crawler.crawl(requests=[Request(host.url(f"/{i}")) for i in range(4)])
+    await task.deferLater(reactor, 1.0, lambda: None)
+    stopping = time.monotonic()
+    stop = getattr(crawler, "stop_async", None)
+    await (deferred_from_coro(stop()) if stop else crawler.stop())
+    await done
+    assert time.monotonic() - stopping < 3
+    records = _records(park_file)
+    # Held in the scheduler (add-on) or in the middleware (alone): parked either way, never failed.
+    held = {r["url"] for r in records}
+    assert host.url("/0") in held and {r["reason"] for r in records} == {"held_at_close"}
+    assert crawler.spider.failures == []
+    assert all(_when(r) > time.time() + 30 for r in records)
