@@ -17,14 +17,19 @@ __all__ = ["Meter", "RateController"]
 BUCKET = 0.5
 SMOOTHING = 0.8
 SCALE = 0.04
-"""Cubic growth constant. AWS uses 0.4 for API calls; a crawl that hits a
-hard limiter pays a whole Retry-After per probe, so it probes ten times
-more slowly (regrowth to the old peak takes seconds, not a fraction)."""
-STEADY_SCALE = 0.01
-"""Growth constant once two cuts in a row came at about the same rate: the
-limit is where it was, so probing past it can wait longer."""
+"""Cubic regrowth constant below the last peak. AWS uses 0.4 for API calls; a
+crawl that hits a hard limiter pays a whole Retry-After per probe, so it
+regrows ten times more slowly (back to the old peak in seconds)."""
+PROBE_SCALE = 0.004
+"""Growth constant past the last peak: the limit was just under it, so probing
+above it is slow (+1 request/s after about 6 s on the plateau)."""
+STEADY_SCALE = 0.0005
+"""Probing constant once two cuts in a row came at about the same rate: the
+limit is where it was (+1 request/s after about 12 s on the plateau)."""
 MARGIN = 0.95
 """The rate that was throttled is over the limit: the plateau sits just under it."""
+DROP_GUARD = 3.0
+"""Seconds after a cut (cooldown included) before the meter is trusted to say the limit dropped."""
 DOUBLING = 0.25
 """Seconds of sending per doubling while the pace was never throttled (slow start)."""
 
@@ -62,7 +67,7 @@ class Meter:
 class RateController:
     """The pace of one throttled slot, in requests per second."""
 
-    __slots__ = ("rate", "peak", "last_cut", "window", "beta", "min_rate", "ceiling", "starting", "scale")
+    __slots__ = ("rate", "peak", "last_cut", "resumed", "window", "beta", "min_rate", "ceiling", "starting", "scale")
 
     def __init__(self, beta: float = 0.7, min_rate: float = 1.0) -> None:
         self.beta = beta
@@ -70,6 +75,8 @@ class RateController:
         self.rate = 0.0
         self.peak = 0.0
         self.last_cut = 0.0
+        self.resumed = 0.0
+        """When sending resumed after the last cut's cooldown: regrowth counts from here."""
         self.window = 0.0
         self.ceiling = math.inf
         """A rate the server announced: growth never passes it."""
@@ -80,20 +87,27 @@ class RateController:
     def throttled(self, measured: float, now: float) -> float:
         """Cut the rate: the server said this pace is too fast."""
         base = self.rate or measured  # when paced, the pace is what was too fast
-        if not self.starting and measured and measured < base / 2:
-            # Out of slow start (where the meter lags the pace) a success rate
-            # under half the pace means the limit itself dropped.
+        if not self.starting and measured and measured < base / 2 and now - self.last_cut >= DROP_GUARD:
+            # Out of slow start, and long enough after the last cut for the
+            # meter to have caught up, a success rate under half the pace
+            # means the limit itself dropped.
             base = measured
+        leaving_start = self.starting and bool(self.rate)
         if self.rate:
             self.starting = False
         base = max(base, self.min_rate)
-        steady = not self.starting and abs(base * MARGIN - self.peak) <= 0.1 * self.peak
-        self.scale = STEADY_SCALE if steady else SCALE
-        self.peak = base * MARGIN
-        self.window = (max(self.peak - base * self.beta, 0.0) / self.scale) ** (1 / 3)
-        self.last_cut = now
+        steady = not self.starting and not leaving_start and abs(base * MARGIN - self.peak) <= 0.1 * self.peak
+        self.scale = STEADY_SCALE if steady else PROBE_SCALE
         self.rate = max(self.min_rate, base * self.beta)
+        # Slow start overshoots by up to double: its last pace is no peak to regrow to.
+        self.peak = self.rate if leaving_start else base * MARGIN
+        self.window = (max(self.peak - self.rate, 0.0) / SCALE) ** (1 / 3)
+        self.last_cut = self.resumed = now
         return self.rate
+
+    def paused(self, until: float) -> None:
+        """The slot sends nothing until ``until`` (a cooldown): regrowth waits for it."""
+        self.resumed = max(self.resumed, until)
 
     def succeeded(self, measured: float, now: float) -> float:
         """Grow back: slowly near the last peak, faster once past it."""
@@ -104,7 +118,8 @@ class RateController:
             grown = self.rate * min(2.0, 2 ** (1 / (self.rate * DOUBLING)))
             self.rate = max(self.min_rate, min(grown, self.ceiling))
             return self.rate
-        cubic = self.scale * (now - self.last_cut - self.window) ** 3 + self.peak
+        since = max(0.0, now - self.resumed) - self.window
+        cubic = (SCALE if since < 0 else self.scale) * since**3 + self.peak
         # At most double what the slot really sends, so an idle slot's pace does not run away.
         ceiling = 2 * max(measured, self.rate)
         self.rate = max(self.min_rate, min(cubic, ceiling, self.ceiling))
@@ -120,7 +135,7 @@ class RateController:
         """Resume at a rate saved with a paused job, probing above it only slowly."""
         self.rate = max(self.min_rate, rate)
         self.peak = self.rate
-        self.last_cut = now
+        self.last_cut = self.resumed = now
         self.window = 0.0
         self.starting = False
         self.scale = STEADY_SCALE

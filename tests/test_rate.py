@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scrapy_retryafter.board import CooldownBoard
-from scrapy_retryafter.rate import MARGIN, Meter, RateController
+from scrapy_retryafter.rate import DROP_GUARD, MARGIN, Meter, RateController
 
 
 def test_first_cut_starts_from_what_was_measured():
@@ -35,7 +35,31 @@ def test_a_success_rate_far_under_the_pace_means_the_limit_dropped():
     pace = RateController()
     pace.starting = False
     pace.rate = 20.0
-    assert pace.throttled(measured=5.0, now=0.0) == pytest.approx(3.5)
+    assert pace.throttled(measured=5.0, now=10.0) == pytest.approx(3.5)
+
+
+def test_right_after_a_cut_a_low_success_rate_is_the_meter_lagging_not_a_drop():
+    pace = RateController()
+    pace.starting = False
+    pace.rate = 20.0
+    pace.throttled(measured=20.0, now=10.0)  # 14.0
+    pace.rate = 22.0
+    # 1.4 s later (a 1.25 s cooldown in between) the meter still shows the cooldown's silence.
+    assert pace.throttled(measured=4.0, now=10.0 + DROP_GUARD / 2) == pytest.approx(22.0 * 0.7)
+
+
+def test_leaving_slow_start_sets_no_peak_at_the_overshoot_and_regrowth_waits_for_the_cooldown():
+    pace = RateController()
+    pace.throttled(0.0, 0.0)
+    while pace.rate < 26.0:
+        pace.succeeded(0.0, 1.0)
+    overshoot = pace.rate
+    cut = pace.throttled(measured=10.0, now=2.0)
+    assert cut == pytest.approx(overshoot * 0.7) and pace.peak == pytest.approx(cut)
+    pace.paused(3.25)  # the cooldown that came with the cut
+    assert pace.succeeded(100.0, 3.0) == pytest.approx(cut)
+    assert pace.succeeded(100.0, 3.25) == pytest.approx(cut)
+    assert cut < pace.succeeded(100.0, 3.25 + 6.0) < cut + 1.5  # slow probing past it
 
 
 def test_after_a_cut_the_rate_returns_to_just_under_the_peak_then_plateaus():
@@ -57,10 +81,11 @@ def test_two_cuts_at_the_same_rate_slow_the_probing():
     pace.starting = False
     pace.rate = 20.0
     pace.throttled(20.0, 0.0)
-    first = pace.window
+    first = pace.succeeded(100.0, pace.window + 10.0) - pace.peak
     pace.rate = 20.0
     pace.throttled(20.0, 30.0)
-    assert pace.window > first
+    second = pace.succeeded(100.0, 30.0 + pace.window + 10.0) - pace.peak
+    assert 0 < second < first / 4
 
 
 def test_growth_never_passes_an_announced_rate_nor_twice_what_is_sent():
