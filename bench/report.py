@@ -24,8 +24,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import CONFIGS, LIMITERS, run  # noqa: E402  (installs the asyncio reactor)
-from twisted.internet import defer, reactor  # noqa: E402
+from compare import CONFIGS, LIMITERS, run, run_until_done  # noqa: E402  (installs the asyncio reactor)
+from twisted.internet import defer  # noqa: E402
 
 from scrapy_retryafter.testing.server import HostConfig, ThrottlingServer  # noqa: E402
 
@@ -132,12 +132,5 @@ def main() -> Any:
     print(f"wrote {args.out / 'benchmark.png'} and {args.out / 'benchmark.md'}")
 
 
-def _main() -> None:
-    d = main()
-    d.addErrback(lambda f: (f.printTraceback(), None))
-    d.addBoth(lambda _: reactor.stop())  # type: ignore[attr-defined]
-    reactor.run()  # type: ignore[attr-defined]
-
-
 if __name__ == "__main__":
-    _main()
+    run_until_done(main)

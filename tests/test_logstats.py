@@ -178,3 +178,20 @@ async def test_a_paced_slot_shows_its_learned_rate_and_a_quiet_crawl_logs_nothin
     assert row[0] == paced.address
     assert int(row[1]) == len(server.arrivals(paced))
     assert 15.0 <= float(row[4]) <= 20.0
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_summary_counts_parked_requests_per_slot(server, caplog, tmp_path):
+    # Retry-After 400 s is over the 300 s cap: the request is parked, not slept on.
+    host = server.add_host(HostConfig(reject_first=1, penalty=400.0))
+    server.start()
+    settings = {**ADDON, "RETRY_AFTER_PARK_FILE": str(tmp_path / "parked.jsonl"), "RETRY_AFTER_LOGSTATS_INTERVAL": 0}
+    with caplog.at_level(logging.INFO, logger="scrapy_retryafter.logstats"):
+        crawler = await crawl([Request(host.url("/only"))], settings)
+    parked = crawler.stats.get_value("retry_after/parked")
+    assert parked == 1
+    (summary,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Throttled slots, whole crawl:")]
+    row = summary.splitlines()[2].split()
+    assert row[0] == host.address
+    assert row[2] == "429x1"
+    assert int(row[-1]) == parked
