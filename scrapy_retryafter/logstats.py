@@ -116,4 +116,4 @@ class RetryAfterLogStats:
             self._task.stop()
         table = self.summary()
         if table is not None:
-            logger.info("Throttled slots, whole crawl:\n%s", table, extra={"spider": self.crawler.spider})
+            logger.info("Rate-limited slots, whole crawl:\n%s", table, extra={"spider": self.crawler.spider})

@@ -29,17 +29,18 @@ from shop.store import CATALOGUE, SHOP, WWW, EmbeddedStore  # noqa: E402
 def test_scrapy_crawl_store_scrapes_every_product_and_obeys_every_throttle(tmp_path):
     """The README's main job, as a user runs it (minus the install)."""
     feed = tmp_path / "products.jsonl"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     run = subprocess.run(
         [sys.executable, "-m", "scrapy", "crawl", "store", "-O", str(feed)],
         cwd=PROJECT, env=env, capture_output=True, text=True, timeout=240,
     )
     log = run.stderr
     assert run.returncode == 0, log[-3000:]
+    assert "] ERROR: " not in log and "Traceback" not in log, log[-3000:]
     assert f"Scraped {len(CATALOGUE)} of {len(CATALOGUE)} products, 0 missing (finished)" in log, log[-3000:]
     for host in (WWW, SHOP):
         assert re.search(rf"Store host {re.escape(host)}: \d+ requests, \d+ answered 429, 0 retries came back", log)
-    summary = log[log.index("Throttled slots, whole crawl:"):].splitlines()
+    summary = log[log.index("Rate-limited slots, whole crawl:"):].splitlines()
     rows = {line.split()[0]: line.split() for line in summary[2:4]}
     assert set(rows) == {WWW, SHOP}
     answered_429 = int(re.search(rf"Store host {re.escape(WWW)}: \d+ requests, (\d+) answered 429", log)[1])

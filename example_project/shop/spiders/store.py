@@ -11,6 +11,8 @@ custom_settings, so this file can be copied into another project as it is.
 from __future__ import annotations
 
 import logging
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import scrapy
@@ -48,6 +50,15 @@ class StoreSpider(scrapy.Spider):
         self.next_css = next_css
         self.store: EmbeddedStore | None = None
         self.scraped: set[str] = set()
+
+    @classmethod
+    def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> StoreSpider:
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        if spider.start_url is None and not crawler.settings.get("RETRY_AFTER_PARK_FILE"):
+            # The embedded store gets new ports every run: a request parked for it would point nowhere next time.
+            spider.park_dir = tempfile.TemporaryDirectory(prefix="shop-parked-")
+            crawler.settings.set("RETRY_AFTER_PARK_FILE", str(Path(spider.park_dir.name, "store.parked.jsonl")), "spider")
+        return spider
 
     async def start(self):  # type: ignore[no-untyped-def]
         url = self.start_url
