@@ -16,7 +16,7 @@ from scrapy.exceptions import NotConfigured
 
 from .extension import RetryAfterExtension
 from .settings import load_config
-from .tally import SlotView, live_line, summary_rows, summary_table
+from .tally import SlotView, live_lines, summary_rows, summary_table
 from .timers import looping_call
 
 if TYPE_CHECKING:
@@ -27,9 +27,6 @@ if TYPE_CHECKING:
 __all__ = ["RetryAfterLogStats"]
 
 logger = logging.getLogger(__name__)
-
-MAX_LINES = 20
-"""Slots named per live view and rows in the closing table; a broad crawl gets a count of the rest."""
 
 
 class RetryAfterLogStats:
@@ -57,33 +54,25 @@ class RetryAfterLogStats:
         return dict(getattr(self.extension, "parked_by_slot", {}))
 
     def views(self) -> list[SlotView]:
-        """The slots held back right now: cooling, circuit not closed, paced, or with requests held."""
-        board = self.extension.board
+        """Every slot the board remembers, as it stands now."""
+        extension = self.extension
+        board = extension.board
         parked = self._parked()
-        views = []
-        for slot in sorted(board):
-            view = SlotView(
+        return [
+            SlotView(
                 slot=slot,
                 cooling=board.remaining(slot),
                 circuit=board.breaker_state(slot),
                 rate=board.rate(slot),
-                held=self.extension.held(slot),
+                held=extension.held(slot),
                 parked=parked.get(slot, 0),
             )
-            if view.held_back:
-                views.append(view)
-        return views
+            for slot in board
+        ]
 
     def log_views(self) -> None:
-        views = sorted(self.views(), key=lambda view: (-view.held, view.slot))
-        for view in views[:MAX_LINES]:
-            logger.info("Held back %s", live_line(view), extra={"spider": self.crawler.spider})
-        if len(views) > MAX_LINES:
-            logger.info(
-                "Held back %d more slot(s), %d request(s) held",
-                len(views) - MAX_LINES, sum(view.held for view in views[MAX_LINES:]),
-                extra={"spider": self.crawler.spider},
-            )
+        for line in live_lines(self.views()):
+            logger.info("Held back %s", line, extra={"spider": self.crawler.spider})
 
     def summary(self) -> str | None:
         """The closing table, or None when no slot was ever throttled, cooled or parked."""
@@ -95,16 +84,7 @@ class RetryAfterLogStats:
         if not slots:
             return None
         rates = {slot: board.rate(slot) for slot in slots}
-        rows = summary_rows(tally, slots, rates, parked)
-        rows.sort(key=lambda row: (-sum(row.throttles.values()), row.slot))
-        table = summary_table(rows[:MAX_LINES])
-        if len(rows) > MAX_LINES:
-            rest = rows[MAX_LINES:]
-            table += (
-                f"\n... and {len(rest)} more slot(s): {sum(sum(row.throttles.values()) for row in rest)} throttles, "
-                f"{sum(row.responses for row in rest)} requests"
-            )
-        return table
+        return summary_table(summary_rows(tally, slots, rates, parked))
 
     def _spider_opened(self, **kwargs: Any) -> None:
         if self.interval > 0:

@@ -14,7 +14,10 @@ from dataclasses import dataclass
 
 from .breaker import CLOSED
 
-__all__ = ["SlotTally", "SlotView", "SummaryRow", "live_line", "summary_rows", "summary_table"]
+__all__ = ["SlotTally", "SlotView", "SummaryRow", "live_line", "live_lines", "summary_rows", "summary_table"]
+
+MAX_LINES = 20
+"""Slots named per live view and rows in the closing table; a broad crawl gets a count of the rest."""
 
 
 class SlotTally:
@@ -68,8 +71,8 @@ class SlotView:
 
     @property
     def held_back(self) -> bool:
-        """Whether anything is holding this slot back right now."""
-        return self.cooling > 0 or self.circuit != CLOSED or self.rate is not None or self.held > 0
+        """Whether anything holds this slot back right now (a pace with nothing waiting does not)."""
+        return self.cooling > 0 or self.circuit != CLOSED or self.held > 0
 
 
 def live_line(view: SlotView) -> str:
@@ -83,6 +86,16 @@ def live_line(view: SlotView) -> str:
     if view.parked:
         parts.append(f"{view.parked} parked")
     return f"{view.slot}: {', '.join(parts)}"
+
+
+def live_lines(views: Iterable[SlotView], limit: int = MAX_LINES) -> list[str]:
+    """The held-back slots holding the most requests first; past ``limit``, one line counting the rest."""
+    held = sorted((view for view in views if view.held_back), key=lambda view: (-view.held, view.slot))
+    lines = [live_line(view) for view in held[:limit]]
+    if len(held) > limit:
+        rest = held[limit:]
+        lines.append(f"{len(rest)} more slot(s), {sum(view.held for view in rest)} request(s) held")
+    return lines
 
 
 @dataclass(frozen=True)
@@ -116,8 +129,11 @@ def summary_rows(
 _HEADER = ("slot", "requests", "throttles", "cooldown s", "learned rate/s", "circuit opens", "parked")
 
 
-def summary_table(rows: list[SummaryRow]) -> str:
-    """A fixed-width table, one row per slot, readable in a plain log."""
+def summary_table(rows: list[SummaryRow], limit: int = MAX_LINES) -> str:
+    """A fixed-width table readable in a plain log: the most throttled slots first; past ``limit``, a count."""
+    rows = sorted(rows, key=lambda row: (-sum(row.throttles.values()), row.slot))
+    rest = rows[limit:]
+    rows = rows[:limit]
     cells = [_HEADER] + [
         (
             row.slot,
@@ -135,4 +151,9 @@ def summary_table(rows: list[SummaryRow]) -> str:
         "  ".join(cell.ljust(width) if i == 0 else cell.rjust(width) for i, (cell, width) in enumerate(zip(line, widths)))
         for line in cells
     ]
+    if rest:
+        lines.append(
+            f"... and {len(rest)} more slot(s): {sum(sum(row.throttles.values()) for row in rest)} throttles, "
+            f"{sum(row.responses for row in rest)} requests"
+        )
     return "\n".join(lines)

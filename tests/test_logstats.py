@@ -14,7 +14,7 @@ from scrapy.settings import Settings
 
 from scrapy_retryafter import Addon, RetryAfterLogStats, RetryAfterSettingError, load_config
 from scrapy_retryafter.testing.server import HostConfig
-from scrapy_retryafter.tally import SlotTally, SlotView, live_line, summary_rows, summary_table
+from scrapy_retryafter.tally import SlotTally, SlotView, live_line, live_lines, summary_rows, summary_table
 
 from .conftest import ADDON, crawl
 
@@ -67,7 +67,7 @@ def test_live_line_says_what_holds_the_slot(view, line):
         (SlotView("a", 0.0, "closed", None, 0), False),
         (SlotView("a", 0.1, "closed", None, 0), True),
         (SlotView("a", 0.0, "open", None, 0), True),
-        (SlotView("a", 0.0, "closed", 3.0, 0), True),
+        (SlotView("a", 0.0, "closed", 3.0, 0), False),  # paced, but nothing waits for it
         (SlotView("a", 0.0, "closed", None, 1), True),
     ],
 )
@@ -102,6 +102,30 @@ def test_summary_table_lines_up():
     assert first.split() == ["127.0.0.2", "1", "429x1", "2.5", "7.25", "0", "0"]
     assert second.split() == ["x", "0", "-", "1.0", "-", "0", "0"]
     assert len({len(line) for line in (header, first, second)}) == 1
+
+
+def test_live_lines_name_the_slots_holding_most_and_count_the_rest():
+    views = [SlotView(f"s{i:02d}", 1.0, "closed", None, i) for i in range(30)]
+    views.append(SlotView("idle", 0.0, "closed", 5.0, 0))
+    lines = live_lines(views, limit=3)
+    assert lines == [
+        "s29: cooling down for 1.0 s, 29 requests held",
+        "s28: cooling down for 1.0 s, 28 requests held",
+        "s27: cooling down for 1.0 s, 27 requests held",
+        f"27 more slot(s), {sum(range(27))} request(s) held",
+    ]
+    assert live_lines([SlotView("idle", 0.0, "closed", 5.0, 0)]) == []
+
+
+def test_summary_table_puts_the_most_throttled_first_and_counts_the_rest():
+    tally = SlotTally()
+    for i in range(5):
+        for _ in range(i + 1):
+            tally.throttled(f"s{i}", 429, 1.0)
+    text = summary_table(summary_rows(tally, tally.noteworthy(), {}, {}), limit=2)
+    lines = text.splitlines()
+    assert [line.split()[0] for line in lines[1:3]] == ["s4", "s3"]
+    assert lines[3] == "... and 3 more slot(s): 6 throttles, 6 requests"
 
 
 @given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from([0, 429, 503]), st.floats(0, 100))))
