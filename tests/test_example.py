@@ -55,14 +55,14 @@ def test_scrapy_crawl_store_scrapes_every_product_and_obeys_every_throttle(tmp_p
 
 
 @pytest_twisted.ensureDeferred
-async def test_start_url_crawls_another_store_with_the_same_settings():
+async def test_start_url_crawls_another_store_with_the_same_settings(tmp_path):
     # A faster store, started by the test: the spider only gets its URL, as with a real site.
     store = EmbeddedStore(
         www=HostConfig(rate=30.0, burst=5.0, penalty=1.0, extend_on_hit=True),
         shop=HostConfig(rate=30.0, window=1.0, penalty=1.0, ratelimit="ietf"),
     ).start()
     try:
-        runner = CrawlerRunner({**BASE_SETTINGS, "ROBOTSTXT_OBEY": True})
+        runner = CrawlerRunner({**BASE_SETTINGS, "ROBOTSTXT_OBEY": True, "RETRY_AFTER_PARK_FILE": str(tmp_path / "parked.jsonl")})
         crawler = runner.create_crawler(StoreSpider)
         await crawler.crawl(start_url=store.start_url)
     finally:
