@@ -96,4 +96,4 @@ class RetryAfterLogStats:
             self._task.stop()
         table = self.summary()
         if table is not None:
-            logger.info("Rate-limited slots, whole crawl:\n%s", table, extra={"spider": self.crawler.spider})
+            logger.info("Rate-limited slots, this run:\n%s", table, extra={"spider": self.crawler.spider})

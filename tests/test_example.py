@@ -40,7 +40,7 @@ def test_scrapy_crawl_store_scrapes_every_product_and_obeys_every_throttle(tmp_p
     assert f"Scraped {len(CATALOGUE)} of {len(CATALOGUE)} products, 0 missing (finished)" in log, log[-3000:]
     for host in (WWW, SHOP):
         assert re.search(rf"Store host {re.escape(host)}: \d+ requests, \d+ answered 429, 0 retries came back", log)
-    summary = log[log.index("Rate-limited slots, whole crawl:"):].splitlines()
+    summary = log[log.index("Rate-limited slots, this run:"):].splitlines()
     rows = {line.split()[0]: line.split() for line in summary[2:4]}
     assert set(rows) == {WWW, SHOP}
     answered_429 = int(re.search(rf"Store host {re.escape(WWW)}: \d+ requests, (\d+) answered 429", log)[1])

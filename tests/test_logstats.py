@@ -164,7 +164,7 @@ async def test_a_cooling_slot_is_reported_each_interval_and_summed_up_at_close(s
     assert len(cooling) >= 2, lines  # a 2.5 s cooldown seen at 0.5 s intervals
     assert any(re.search(r", [1-9]\d* requests? held$", line) for line in cooling), cooling
     assert not [line for line in lines if free.address in line]
-    (summary,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Rate-limited slots, whole crawl:")]
+    (summary,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Rate-limited slots, this run:")]
     rows = {line.split()[0]: line.split() for line in summary.splitlines()[2:]}
     assert list(rows) == [slow.address]
     _, requests_seen, throttles, cooldown, *_ = rows[slow.address]
@@ -180,7 +180,7 @@ async def test_zero_interval_keeps_only_the_summary(server, caplog):
     with caplog.at_level(logging.INFO, logger="scrapy_retryafter.logstats"):
         await crawl([Request(host.url(f"/{i}")) for i in range(3)], {**ADDON, "RETRY_AFTER_LOGSTATS_INTERVAL": 0})
     assert held_back_lines(caplog) == []
-    assert "Rate-limited slots, whole crawl:" in caplog.text
+    assert "Rate-limited slots, this run:" in caplog.text
 
 
 @pytest_twisted.ensureDeferred
@@ -197,7 +197,7 @@ async def test_a_paced_slot_shows_its_learned_rate_and_a_quiet_crawl_logs_nothin
     # The server announces 20 requests/s; the pace sits just under it.
     rates = [float(m[1]) for line in held_back_lines(caplog) if (m := re.search(r"paced at ([\d.]+) requests/s", line))]
     assert rates and all(15.0 <= rate <= 20.0 for rate in rates), held_back_lines(caplog)
-    (summary,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Rate-limited slots, whole crawl:")]
+    (summary,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Rate-limited slots, this run:")]
     row = summary.splitlines()[2].split()
     assert row[0] == paced.address
     assert int(row[1]) == len(server.arrivals(paced))
@@ -214,7 +214,7 @@ async def test_the_summary_counts_parked_requests_per_slot(server, caplog, tmp_p
         crawler = await crawl([Request(host.url("/only"))], settings)
     parked = crawler.stats.get_value("retry_after/parked")
     assert parked == 1
-    (summary,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Rate-limited slots, whole crawl:")]
+    (summary,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Rate-limited slots, this run:")]
     row = summary.splitlines()[2].split()
     assert row[0] == host.address
     assert row[2] == "429x1"
