@@ -151,15 +151,20 @@ def main() -> Any:
           f"{statistics.median(r[2] for r in isolation):g} / 30 | {statistics.median(r[3] for r in isolation):g} |")
 
 
+def run_until_done(main: Any) -> None:
+    """Run the reactor until the Deferred ``main()`` returns has fired."""
+    d = main()
+    d.addErrback(lambda f: (f.printTraceback(), None))
+    d.addBoth(lambda _: reactor.stop())  # type: ignore[attr-defined]
+    reactor.run()  # type: ignore[attr-defined]
+
+
 def _main() -> None:
     if os.environ.get("BENCH_LOG_LEVEL"):
         import logging
 
         logging.basicConfig(level=os.environ["BENCH_LOG_LEVEL"], format="%(relativeCreated)7.0f %(name)s %(message)s")
-    d = main()
-    d.addErrback(lambda f: (f.printTraceback(), None))
-    d.addBoth(lambda _: reactor.stop())  # type: ignore[attr-defined]
-    reactor.run()  # type: ignore[attr-defined]
+    run_until_done(main)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from .addon import Addon
 from .board import CooldownBoard
 from .extension import RetryAfterExtension
 from .headers import parse_http_date, parse_retry_after
+from .logstats import RetryAfterLogStats
 from .middleware import RetryAfterMiddleware
 from .policy import Decision, SlotPolicy, decide
 from .pqueue import CooldownAwarePriorityQueue
@@ -16,6 +17,7 @@ __all__ = [
     "CooldownBoard",
     "Decision",
     "RetryAfterExtension",
+    "RetryAfterLogStats",
     "RetryAfterMiddleware",
     "RetryAfterSettingError",
     "RetryMiddleware",

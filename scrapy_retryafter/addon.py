@@ -18,6 +18,7 @@ from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import load_object
 
 from .extension import RetryAfterExtension
+from .logstats import RetryAfterLogStats
 from .middleware import RetryAfterMiddleware
 from .pqueue import CooldownAwarePriorityQueue
 from .retry import RetryMiddleware
@@ -37,6 +38,7 @@ class Addon:
     def update_settings(self, settings: BaseSettings) -> None:
         settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", RetryAfterMiddleware, 560)
         settings.setdefault_in_component_priority_dict("EXTENSIONS", RetryAfterExtension, 500)
+        settings.setdefault_in_component_priority_dict("EXTENSIONS", RetryAfterLogStats, 501)
         self._replace_retry_middleware(settings)
         self._install_queue(settings)
         self._keep_throttles_out_of_cache(settings)

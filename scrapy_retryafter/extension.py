@@ -23,6 +23,7 @@ from .breaker import OPEN
 from .jobstate import STATE_FILE, load_board, save_board
 from .parking import Parking
 from .settings import Config, load_config
+from .tally import SlotTally
 from .timers import call_later, looping_call
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ class RetryAfterExtension:
         self.config = config
         self.clock = clock
         self.board = CooldownBoard(clock=clock)
+        self.tally = SlotTally()
         self.codes = config.all_codes
         """Every status some slot treats as a throttle (a cheap first filter)."""
         self.stats = crawler.stats

@@ -157,9 +157,11 @@ class RetryAfterMiddleware:
         # Fired before the downloader frees the transfer place and sends the
         # next queued request: cooling here keeps that request off the wire.
         if response.status in self._all_codes:
-            self._throttle(request, response)
+            if self._throttle(request, response) is None:
+                self.extension.tally.responded(self._slot(request))
             return
         slot = self._slot(request)
+        self.extension.tally.responded(slot)
         policy = self.config.policy_for(slot)
         if slot in self.board and self.board.success(slot, policy.budget_token_ratio, policy.budget_max_tokens):
             self._circuit_closed(slot)
@@ -189,7 +191,9 @@ class RetryAfterMiddleware:
         if facts.remaining is not None and facts.remaining <= self._on_the_wire(slot) and facts.reset:
             if facts.reset > policy.max_delay:
                 return
-            if self.board.cool(slot, facts.reset, policy.wake_jitter):
+            added = self.board.cool(slot, facts.reset, policy.wake_jitter)
+            if added:
+                self.extension.tally.cooled(slot, added)
                 self.stats.inc_value("retry_after/ratelimit_cooldowns")
                 self.extension.send_back(slot)
                 logger.info(
@@ -240,6 +244,7 @@ class RetryAfterMiddleware:
         self.stats.inc_value(f"retry_after/throttled/{response.status}")
         if added:
             self.stats.inc_value("retry_after/cooldown_seconds", round(added, 3))
+        self.extension.tally.throttled(slot, response.status, added)
         self.extension.send_back(slot)
         retrying = decision.retry and not request.meta.get("dont_retry", False)
         logger.info(
@@ -278,6 +283,7 @@ class RetryAfterMiddleware:
     def _circuit_opened(self, slot: str, policy: SlotPolicy) -> None:
         held = self.extension.held(slot)
         self.stats.inc_value("retry_after/circuit_opened")
+        self.extension.tally.circuit_opened(slot)
         logger.warning(
             "Circuit opened for %(slot)s after %(threshold)d consecutive throttles: holding its "
             "%(held)d request(s) for %(seconds)gs, then one probe",

@@ -125,6 +125,8 @@ class Config:
     parking: bool = True
     park_file: str | None = None
     """None: inside JOBDIR when set, else under the project's .scrapy directory."""
+    logstats_interval: float = 30.0
+    """Seconds between live-view lines about held slots; 0 turns them off."""
 
     def policy_for(self, slot: str) -> SlotPolicy:
         return self.slots.get(slot, self.default)
@@ -142,6 +144,16 @@ def _bool(name: str, raw: Any) -> bool:
         return _boolean(raw)
     except ValueError:
         raise RetryAfterSettingError(f"{name} must be True or False; got {raw!r}") from None
+
+
+def _interval(name: str, raw: Any) -> float:
+    try:
+        value = _number(raw)
+    except (TypeError, ValueError, OverflowError):
+        value = -1.0
+    if value < 0:
+        raise RetryAfterSettingError(f"{name} must be a number of seconds >= 0 (0 turns it off); got {raw!r}")
+    return value
 
 
 def _slots(raw: Any) -> dict[str, Mapping[str, Any]]:
@@ -186,7 +198,12 @@ def load_config(settings: Mapping[str, Any] | Any) -> Config:
             default, overrides, lambda key, slot=slot: f"RETRY_AFTER_SLOTS[{slot!r}][{key!r}]"
         )
     parking = _bool("RETRY_AFTER_PARKING", True if get("RETRY_AFTER_PARKING") is None else get("RETRY_AFTER_PARKING"))
-    return Config(enabled=enabled, default=default, slots=slots, parking=parking, park_file=_park_file(get("RETRY_AFTER_PARK_FILE")))
+    logstats = get("RETRY_AFTER_LOGSTATS_INTERVAL")
+    interval = 30.0 if logstats is None else _interval("RETRY_AFTER_LOGSTATS_INTERVAL", logstats)
+    return Config(
+        enabled=enabled, default=default, slots=slots, parking=parking,
+        park_file=_park_file(get("RETRY_AFTER_PARK_FILE")), logstats_interval=interval,
+    )
 
 
 def _park_file(raw: Any) -> str | None:
