@@ -20,12 +20,12 @@ SCALE = 0.04
 """Cubic regrowth constant below the last peak. AWS uses 0.4 for API calls; a
 crawl that hits a hard limiter pays a whole Retry-After per probe, so it
 regrows ten times more slowly (back to the old peak in seconds)."""
-PROBE_SCALE = 0.004
+PROBE_SCALE = 0.01
 """Growth constant past the last peak: the limit was just under it, so probing
-above it is slow (+1 request/s after about 6 s on the plateau)."""
-STEADY_SCALE = 0.0005
+above it is slow (+1 request/s after about 4.6 s on the plateau)."""
+STEADY_SCALE = 0.002
 """Probing constant once two cuts in a row came at about the same rate: the
-limit is where it was (+1 request/s after about 12 s on the plateau)."""
+limit is where it was (+1 request/s after about 8 s on the plateau)."""
 MARGIN = 0.95
 """The rate that was throttled is over the limit: the plateau sits just under it."""
 DROP_GUARD = 3.0
