@@ -39,7 +39,7 @@ __all__ = ["RetryAfterExtension", "SlotCoolingDown"]
 logger = logging.getLogger(__name__)
 
 _SWEEP_INTERVAL = 30.0
-_private: weakref.WeakKeyDictionary[Any, RetryAfterExtension] = weakref.WeakKeyDictionary()
+_instances: weakref.WeakKeyDictionary[Any, RetryAfterExtension] = weakref.WeakKeyDictionary()
 
 
 class SlotCoolingDown(Exception):
@@ -82,19 +82,20 @@ class RetryAfterExtension:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        return cls(crawler, load_config(crawler.settings))
+        """The crawl's one instance, whoever asks first: EXTENSIONS, the middleware or the queue.
+
+        Two instances would mean two boards (and two handles on one park file).
+        """
+        existing = _instances.get(crawler)
+        if isinstance(existing, cls):
+            return existing
+        extension = cls(crawler, load_config(crawler.settings))
+        _instances[crawler] = extension
+        return extension
 
     @classmethod
     def of(cls, crawler: Crawler) -> RetryAfterExtension:
-        """The crawl's one instance: the enabled extension, or a private one."""
-        extensions = getattr(crawler, "extensions", None)
-        if extensions is not None:
-            for extension in extensions.middlewares:
-                if isinstance(extension, cls):
-                    return extension
-        if crawler not in _private:
-            _private[crawler] = cls.from_crawler(crawler)
-        return _private[crawler]
+        return cls.from_crawler(crawler)
 
     def held(self, slot: str) -> int:
         return sum(count(slot) for count in self.held_counters)

@@ -47,11 +47,10 @@ class RetryAfterLogStats:
 
     @property
     def extension(self) -> RetryAfterExtension:
-        # Looked up late: while extensions are being built, the crawl's one instance is not reachable yet.
         return RetryAfterExtension.of(self.crawler)
 
     def _parked(self) -> dict[str, int]:
-        return dict(getattr(self.extension, "parked_by_slot", {}))
+        return dict(self.extension.parked_by_slot)
 
     def views(self) -> list[SlotView]:
         """Every slot the board remembers, as it stands now."""

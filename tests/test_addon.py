@@ -6,6 +6,7 @@ import json
 import logging
 
 import pytest
+import pytest_twisted
 from scrapy.settings import Settings
 
 from scrapy_retryafter import Addon, RetryAfterSettingError
@@ -96,3 +97,23 @@ def test_invalid_settings_fail_when_the_addon_loads():
 
 class OtherQueue:  # only its import path matters here
     pass
+
+
+@pytest_twisted.ensureDeferred
+async def test_one_extension_instance_serves_extensions_middleware_queue_and_live_view(server):
+    from scrapy import Request
+
+    from scrapy_retryafter.extension import RetryAfterExtension
+    from scrapy_retryafter.logstats import RetryAfterLogStats
+    from scrapy_retryafter.middleware import RetryAfterMiddleware
+
+    from .conftest import ADDON, crawl
+
+    host = server.add_host()
+    server.start()
+    crawler = await crawl([Request(host.url("/"))], ADDON)
+    extension = crawler.get_extension(RetryAfterExtension)
+    assert extension is RetryAfterExtension.of(crawler)
+    assert crawler.get_downloader_middleware(RetryAfterMiddleware).extension is extension
+    assert crawler.get_extension(RetryAfterLogStats).extension is extension
+    assert len(extension.queues) == 1
