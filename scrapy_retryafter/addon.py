@@ -40,6 +40,8 @@ class Addon:
         settings.setdefault_in_component_priority_dict("EXTENSIONS", RetryAfterExtension, 500)
         settings.setdefault_in_component_priority_dict("EXTENSIONS", RetryAfterLogStats, 501)
         self._replace_retry_middleware(settings)
+        # Every retry is then made with backoff, idempotency and the deadline (RETRY_AFTER_ALL_RETRIES).
+        settings.setdefault("RETRY_AFTER_ALL_RETRIES", True, "addon")
         self._install_queue(settings)
         self._keep_throttles_out_of_cache(settings)
 

@@ -81,6 +81,20 @@ class Backoff:
     def wait(self, attempt: int, prev: float | None = None, rng: Uniform = random) -> float:
         return self._strategy(attempt, self.base if prev is None else prev, self.base, self.cap, rng)
 
+    def bounds(self, attempt: int, prev: float | None = None) -> tuple[float, float]:
+        """The least and the most ``wait`` can draw: what a test of real gaps may assert."""
+        ceiling = _ceiling(attempt, self.base, self.cap)
+        if self.name == "none":
+            return ceiling, ceiling
+        if self.name == "full":
+            return 0.0, ceiling
+        if self.name == "equal":
+            return ceiling / 2, ceiling
+        if self.name == "decorrelated":
+            top = max(self.base, self.base if prev is None else prev) * 3
+            return min(self.cap, self.base), min(self.cap, top)
+        return ceiling, min(self.cap, ceiling + self.base)
+
 
 def backoff(attempt: int, base: float = 1.0, cap: float = 60.0, rng: Uniform = random) -> float:
     """Full-jitter exponential backoff: uniform(0, min(cap, base * 2**(attempt-1)))."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import random
 import time
 import weakref
@@ -19,6 +20,7 @@ from scrapy import signals
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
 from .extension import RetryAfterExtension, SlotCoolingDown
+from .failures import past_deadline, stamp_first_attempt
 from .headers import parse_http_date, parse_retry_after
 from .parkfile import iso
 from .policy import Decision, SlotPolicy, decide
@@ -62,6 +64,9 @@ class RetryAfterMiddleware:
         )
         # Keyed by request: a middleware between us and the downloader may replace the response.
         self._decided: weakref.WeakKeyDictionary[Request, Decision] = weakref.WeakKeyDictionary()
+        self._deadlines = any(
+            not math.isinf(p.deadline) for p in (self.config.default, *self.config.slots.values())
+        )
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -70,6 +75,7 @@ class RetryAfterMiddleware:
             raise NotConfigured("RETRY_AFTER_ENABLED is False")
         middleware = cls(crawler, extension)
         crawler.signals.connect(middleware._check_neighbours, signal=signals.spider_opened)
+        crawler.signals.connect(middleware._check_all_retries, signal=signals.spider_opened)
         crawler.signals.connect(middleware._response_downloaded, signal=signals.response_downloaded)
         return middleware
 
@@ -95,12 +101,27 @@ class RetryAfterMiddleware:
                     sorted(codes - ignored),
                 )
 
+    def _check_all_retries(self, **kwargs: Any) -> None:
+        """RETRY_AFTER_ALL_RETRIES is carried out by our RetryMiddleware: say so if it is missing."""
+        if not self.config.all_retries:
+            return
+        from .retry import RetryMiddleware
+
+        middlewares = self.crawler.engine.downloader.middleware.middlewares  # type: ignore[union-attr]
+        if not any(isinstance(middleware, RetryMiddleware) for middleware in middlewares):
+            logger.warning(
+                "RETRY_AFTER_ALL_RETRIES is on but scrapy_retryafter.RetryMiddleware is not installed in "
+                "place of Scrapy's RetryMiddleware, so Scrapy's own retries stay in effect "
+                "(ADDONS = {'scrapy_retryafter.Addon': 500} installs it)"
+            )
+
     def _slot(self, request: Request) -> str:
         return self.crawler.engine.downloader.get_slot_key(request)  # type: ignore[union-attr]
 
     def process_request(
         self, request: Request, spider: Spider | None = None
     ) -> Coroutine[Any, Any, Request | None] | Request | None:
+        stamp_first_attempt(request.meta, time.time, self._deadlines)
         slot = self._slot(request)
         if slot not in self.board:
             return None
@@ -336,11 +357,23 @@ class RetryAfterMiddleware:
                 if parked is not None:
                     return parked
             return response
+        late = self._past_deadline(request)
+        if late is not None:
+            self.stats.inc_value("retry_after/deadline")
+            slot = self._slot(request)
+            parked = self._give_up(request, slot, response.status, late, "deadline", self.board.remaining(slot))
+            return response if parked is None else parked
         self.stats.inc_value("retry_after/retried")
         retry = request.copy()
         retry.meta[THROTTLES] = request.meta.get(THROTTLES, 0) + 1
         retry.dont_filter = True
         return retry
+
+    def _past_deadline(self, request: Request) -> str | None:
+        """A throttled request whose slot reopens past its deadline gives up now."""
+        slot = self._slot(request)
+        policy = self.config.policy_for(slot)
+        return past_deadline(request.meta, policy.deadline, time.time(), self.board.remaining(slot))
 
     def process_exception(
         self, request: Request, exception: Exception, spider: Spider | None = None
@@ -352,15 +385,26 @@ class RetryAfterMiddleware:
         return None
 
     def _give_up(
-        self, request: Request, slot: str, status: int | None, reason: str, outcome: str, wait: float
+        self,
+        request: Request,
+        slot: str,
+        status: int | None,
+        reason: str,
+        outcome: str,
+        wait: float,
+        *,
+        attempts: int | None = None,
     ) -> Request | None:
         """The one place a request stops being retried: parked for a later run when it may be.
 
         Returns the parked request for the engine to drop, or None when the
-        caller fails it as Scrapy would.
+        caller fails it as Scrapy would. ``attempts`` is given for failures
+        other than throttles (RETRY_AFTER_ALL_RETRIES).
         """
         self.stats.inc_value("retry_after/gave_up")
-        attempts = request.meta.get(THROTTLES, 0) + (status is not None)
+        unit = "throttle(s)" if attempts is None else "attempt(s)"
+        if attempts is None:
+            attempts = request.meta.get(THROTTLES, 0) + (status is not None)
         parking = self.extension.parking
         parkable = parking is not None and outcome != "not_repeatable"
         if parkable:
@@ -371,11 +415,12 @@ class RetryAfterMiddleware:
             parked = None
             fate = "" if parking is None else "; not parked: repeating it could apply it twice"
         logger.warning(
-            "Gave up %(request)s on %(slot)s after %(throttles)d throttle(s)%(status)s: %(reason)s%(fate)s",
+            "Gave up %(request)s on %(slot)s after %(attempts)d %(unit)s%(status)s: %(reason)s%(fate)s",
             {
                 "request": request,
                 "slot": slot,
-                "throttles": attempts,
+                "attempts": attempts,
+                "unit": unit,
                 "status": f" (last {status})" if status is not None else "",
                 "reason": reason,
                 "fate": fate,

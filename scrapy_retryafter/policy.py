@@ -13,7 +13,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from .backoff import Uniform, backoff
+from .backoff import Backoff, Uniform
 
 __all__ = ["IDEMPOTENT_METHODS", "Decision", "SlotPolicy", "decide"]
 
@@ -40,6 +40,18 @@ class SlotPolicy:
     circuit_open_seconds: float = 600.0
     budget_max_tokens: float = 10.0
     budget_token_ratio: float = 0.1
+    backoff_strategy: str = "full"
+    """How waits the server did not announce are drawn (backoff.STRATEGIES)."""
+    deadline: float = math.inf
+    """Seconds from a request's first attempt after which no retry is made."""
+    server_error_methods: frozenset[str] = field(default_factory=lambda: frozenset({"GET", "HEAD"}))
+    """Methods retried after a 500 (often a bug that fails every time)."""
+    host_down_threshold: int = 5
+    """Connection failures in a row (DNS, refused) that pause the whole slot."""
+
+    @property
+    def backoff(self) -> Backoff:
+        return Backoff(self.backoff_strategy, self.backoff_base, self.backoff_max)
 
 
 @dataclass(frozen=True)
@@ -75,7 +87,7 @@ def decide(
         cooldown = retry_after * policy.pad
         why = f"Retry-After {retry_after:g}s x{policy.pad:g}"
     else:
-        cooldown = backoff(throttles, policy.backoff_base, policy.backoff_max, rng)
+        cooldown = policy.backoff.wait(throttles, rng=rng)
         why = "no usable Retry-After, backoff"
     if status != 429 and method.upper() not in IDEMPOTENT_METHODS and not has_idempotency_key:
         return Decision(False, cooldown, 0.0, f"{method.upper()} without Idempotency-Key is not repeated after {status}", "not_repeatable")

@@ -8,6 +8,10 @@ the same order DownloaderAwarePriorityQueue would give.
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import pickle
+import time
 from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy.pqueues import DownloaderAwarePriorityQueue, _path_safe
 
 from .extension import RetryAfterExtension
+from .failures import NOT_BEFORE
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -52,6 +57,11 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         self._extension.queues.append(self)
         self._board = self._extension.board
         self._downloader_slots = crawler.engine.downloader.slots  # type: ignore[union-attr]
+        self._wall = time.time
+        self._waiting: list[tuple[float, int, Request]] = []
+        """Retries waiting out their own backoff: (not-before, order, request).
+        Kept out of their slot's queue so they hold neither the slot nor a download place."""
+        self._order = itertools.count()
 
     def _held(self, slot: str) -> int:
         queue = self.pqueues.get(slot)
@@ -87,7 +97,42 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
             return next_slot(ready, update_state=update_state)  # type: ignore[no-any-return]
         return min(ready)[1]
 
+    def push(self, request: Request) -> None:
+        if NOT_BEFORE in request.meta and self._wait(request):
+            return
+        super().push(request)
+
+    def _wait(self, request: Request) -> bool:
+        """Hold a retry whose backoff has not ended yet; False when it may go now."""
+        try:
+            not_before = float(request.meta[NOT_BEFORE])
+        except (TypeError, ValueError):
+            return False
+        if not not_before > self._wall():
+            return False
+        if self.key:
+            _check_serializable(request, self.crawler)
+        heapq.heappush(self._waiting, (not_before, next(self._order), request))
+        return True
+
+    def _release_due(self) -> None:
+        waiting = self._waiting
+        now = self._wall()
+        while waiting and waiting[0][0] <= now:
+            super().push(heapq.heappop(waiting)[2])
+        if waiting:
+            self._extension.wake_at(self._board.clock() + waiting[0][0] - now)
+
     def pop(self) -> Request | None:
+        if self._waiting:
+            self._release_due()
+        while True:
+            request = self._pop_ready()
+            # A retry read back from disk (JOBDIR resumed) may still owe its wait.
+            if request is None or NOT_BEFORE not in request.meta or not self._wait(request):
+                return request
+
+    def _pop_ready(self) -> Request | None:
         ready = self._ready()
         if not ready:
             return None
@@ -105,7 +150,27 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         return request
 
     def peek(self) -> Request | None:
+        if self._waiting:
+            self._release_due()
         ready = self._ready()
         if not ready:
             return None
         return self.pqueues[self._choose(ready, update_state=False)].peek()
+
+    def close(self) -> dict[str, list[int]]:
+        # Waiting retries go back to their slots' queues (on disk with JOBDIR);
+        # their not-before travels in meta and is honoured again on resume.
+        while self._waiting:
+            super().push(heapq.heappop(self._waiting)[2])
+        return super().close()
+
+    def __len__(self) -> int:
+        return super().__len__() + len(self._waiting)
+
+
+def _check_serializable(request: Request, crawler: Crawler) -> None:
+    """Raise ValueError as the disk queue would, so the scheduler keeps the request in memory."""
+    try:
+        pickle.dumps(request.to_dict(spider=crawler.spider), protocol=4)
+    except (pickle.PicklingError, AttributeError, TypeError) as error:
+        raise ValueError(str(error)) from error

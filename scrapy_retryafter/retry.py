@@ -1,20 +1,50 @@
-"""Scrapy's RetryMiddleware, minus the responses RetryAfterMiddleware owns.
+"""Scrapy's RetryMiddleware, with every retry made safely (RETRY_AFTER_ALL_RETRIES).
 
 Stock RetryMiddleware lists 429 and 503 in RETRY_HTTP_CODES, so after our
 middleware gives a request up it would retry it twice more, at once. The
-add-on swaps in this subclass; everything else it does (other codes,
-exceptions, RETRY_TIMES, the retry/* stats) is Scrapy's own.
+add-on swaps in this subclass, which leaves those codes to RetryAfterMiddleware.
+
+With RETRY_AFTER_ALL_RETRIES (on with the add-on) it also takes over the
+decision for the rest of RETRY_HTTP_CODES and RETRY_EXCEPTIONS: which
+failure may be repeated for which method (failures.py), a jittered backoff
+waited out in the scheduler, a deadline per request, and a whole-slot pause
+when a host refuses connection after connection. Scrapy's own knobs
+(RETRY_TIMES, max_retry_times, dont_retry, RETRY_PRIORITY_ADJUST) and its
+retry/* stats keep their meaning.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+import math
+import random
+import time
+from typing import TYPE_CHECKING, Any
 
+from scrapy import signals
 from scrapy.downloadermiddlewares.retry import RetryMiddleware as ScrapyRetryMiddleware
+from scrapy.downloadermiddlewares.retry import get_retry_request
+from scrapy.exceptions import IgnoreRequest
+from scrapy.utils.response import response_status_message
 
 from .extension import RetryAfterExtension
+from .failures import (
+    NOT_BEFORE,
+    PREVIOUS_WAIT,
+    ConsecutiveFailures,
+    FailureDecision,
+    Rule,
+    classify_exception,
+    classify_status,
+    decide_failure,
+    qualified_names,
+    stamp_first_attempt,
+)
+from .timers import sleep
 
 if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
@@ -22,6 +52,10 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 __all__ = ["RetryMiddleware", "owned_by_retry_after"]
+
+logger = logging.getLogger(__name__)
+
+_POLL = 0.5
 
 
 def owned_by_retry_after(extension: RetryAfterExtension, request: Request, status: int) -> bool:
@@ -36,13 +70,226 @@ class RetryMiddleware(ScrapyRetryMiddleware):
     def from_crawler(cls, crawler: Crawler) -> Self:
         middleware = super().from_crawler(crawler)
         middleware._retry_after = RetryAfterExtension.of(crawler)  # type: ignore[attr-defined]
+        middleware._setup_all_retries(crawler)
         return middleware
+
+    # -- RETRY_AFTER_ALL_RETRIES ------------------------------------------------
+
+    def _setup_all_retries(self, crawler: Crawler) -> None:
+        extension: RetryAfterExtension = self._retry_after  # type: ignore[attr-defined]
+        config = extension.config
+        self._all = config.enabled and config.all_retries
+        self._board = extension.board
+        self._stats = crawler.stats
+        self._down = ConsecutiveFailures()
+        self._rng = random.Random()
+        self._wall = time.time
+        self._deadlines = any(
+            not math.isinf(policy.deadline) for policy in (config.default, *config.slots.values())
+        )
+        self._give_up_middleware: Any = None
+        if not self._all:
+            return
+        crawler.signals.connect(self._find_give_up, signal=signals.spider_opened)
+        never = sorted(code for code in self.retry_http_codes if classify_status(code) is Rule.NEVER)
+        if never:
+            logger.info(
+                "RETRY_HTTP_CODES lists %s, which RETRY_AFTER_ALL_RETRIES never retries: "
+                "the same request fails again",
+                never,
+            )
+
+    def _find_give_up(self, **kwargs: Any) -> None:
+        """Give-ups go through RetryAfterMiddleware's one give-up place, where it is installed."""
+        from .middleware import RetryAfterMiddleware
+
+        for middleware in self.crawler.engine.downloader.middleware.middlewares:  # type: ignore[union-attr]
+            if isinstance(middleware, RetryAfterMiddleware):
+                self._give_up_middleware = middleware
+
+    def _slot(self, request: Request) -> str:
+        return self.crawler.engine.downloader.get_slot_key(request)  # type: ignore[union-attr]
+
+    def process_request(
+        self, request: Request, spider: Spider | None = None
+    ) -> Coroutine[Any, Any, None] | None:
+        if not self._all:
+            return None
+        meta = request.meta
+        stamp_first_attempt(meta, self._wall, self._deadlines)
+        not_before = meta.get(NOT_BEFORE)
+        if not_before is None or self._retry_after.queue_holds_slots:  # type: ignore[attr-defined]
+            return None
+        if not isinstance(not_before, (int, float)) or not_before <= self._wall():
+            return None
+        return self._wait_in_downloader(request, float(not_before))
+
+    async def _wait_in_downloader(self, request: Request, not_before: float) -> None:
+        """Without CooldownAwarePriorityQueue a backoff can only be waited out here,
+        holding a download place (the README says what that costs)."""
+        while True:
+            engine = self.crawler.engine
+            if engine is None or not engine.running:
+                raise IgnoreRequest(f"crawl stopping while {request} waits for its retry")
+            left = not_before - self._wall()
+            if left <= 0:
+                return
+            await sleep(min(left, _POLL))
 
     def process_response(  # type: ignore[override]
         self, request: Request, response: Response, spider: Spider | None = None
     ) -> Request | Response:
+        if self._all:
+            return self._retry_response(request, response)
         if owned_by_retry_after(self._retry_after, request, response.status):  # type: ignore[attr-defined]
             return response
         if spider is None:
             return super().process_response(request, response)
         return super().process_response(request, response, spider)
+
+    def process_exception(  # type: ignore[override]
+        self, request: Request, exception: Exception, spider: Spider | None = None
+    ) -> Request | Response | None:
+        if self._all:
+            return self._retry_exception(request, exception)
+        if spider is None:
+            return super().process_exception(request, exception)
+        return super().process_exception(request, exception, spider)
+
+    def _retry_response(self, request: Request, response: Response) -> Request | Response:
+        status = response.status
+        if self._down:
+            self._down.reached(self._slot(request))
+        if status not in self.retry_http_codes or request.meta.get("dont_retry", False):
+            return response
+        if owned_by_retry_after(self._retry_after, request, status):  # type: ignore[attr-defined]
+            return response
+        reason = response_status_message(status)
+        return self._retry_failure(request, classify_status(status), reason, status) or response
+
+    def _retry_exception(self, request: Request, exception: Exception) -> Request | None:
+        if not isinstance(exception, self.exceptions_to_retry) or request.meta.get("dont_retry", False):
+            return None
+        rule = classify_exception(qualified_names(exception))
+        if rule is Rule.ANY_METHOD:
+            self._connection_failed(request, exception)
+        return self._retry_failure(request, rule, exception, None)
+
+    def _retry_failure(
+        self, request: Request, rule: Rule, reason: str | Exception, status: int | None
+    ) -> Request | None:
+        slot = self._slot(request)
+        policy = self._retry_after.config.policy_for(slot)  # type: ignore[attr-defined]
+        meta = request.meta
+        attempt = meta.get("retry_times", 0) + 1
+        max_retries = meta.get("max_retry_times", self.max_retry_times)
+        if max_retries is None:
+            max_retries = self.max_retry_times
+        label = reason if isinstance(reason, str) else type(reason).__name__
+        previous = meta.get(PREVIOUS_WAIT)
+        now = self._wall()
+        decision = decide_failure(
+            rule,
+            method=request.method,
+            has_idempotency_key=b"Idempotency-Key" in request.headers,
+            server_error_methods=policy.server_error_methods,
+            attempt=attempt,
+            max_retries=max_retries,
+            backoff=policy.backoff,
+            previous_wait=previous if isinstance(previous, (int, float)) else None,
+            meta=meta,
+            deadline=policy.deadline,
+            now=now,
+            rng=self._rng,
+        )
+        if not decision.retry:
+            exhausted = attempt > max_retries
+            return self._not_retried(
+                request, slot, status, label, attempt, decision, exhausted, policy.backoff.wait(attempt, rng=self._rng)
+            )
+        assert self.crawler.spider
+        retry = get_retry_request(
+            request,
+            reason=reason,
+            spider=self.crawler.spider,
+            max_retry_times=max_retries,
+            priority_adjust=meta.get("priority_adjust", self.priority_adjust),
+        )
+        if retry is None:  # pragma: no cover - the bound was checked above
+            return None
+        retry.meta[NOT_BEFORE] = now + decision.wait
+        retry.meta[PREVIOUS_WAIT] = decision.wait
+        self._stats.inc_value("retry_after/backoff_retried")
+        self._stats.inc_value("retry_after/backoff_seconds", round(decision.wait, 3))
+        logger.info(
+            "Retrying %(request)s on %(slot)s after %(failure)s, attempt %(attempt)d of %(max)d, "
+            "waiting %(wait).2fs in the scheduler (%(reason)s)",
+            {
+                "request": request,
+                "slot": slot,
+                "failure": label,
+                "attempt": attempt,
+                "max": max_retries,
+                "wait": decision.wait,
+                "reason": decision.reason,
+            },
+            extra={"spider": self.crawler.spider},
+        )
+        return retry
+
+    def _not_retried(
+        self,
+        request: Request,
+        slot: str,
+        status: int | None,
+        label: str,
+        attempt: int,
+        decision: FailureDecision,
+        exhausted: bool,
+        wait: float,
+    ) -> Request | None:
+        """Returns the parked request for the engine to drop, or None: the failure reaches the spider."""
+        if not decision.gave_up:
+            # A permanent refusal (method, 4xx): nothing to park, the answer is final.
+            self._stats.inc_value("retry_after/not_retried")
+            logger.info(
+                "Not retrying %(request)s on %(slot)s after %(failure)s: %(reason)s",
+                {"request": request, "slot": slot, "failure": label, "reason": decision.reason},
+                extra={"spider": self.crawler.spider},
+            )
+            return None
+        self._stats.inc_value("retry/max_reached" if exhausted else "retry_after/deadline")
+        reason = f"{label}: {decision.reason}"
+        outcome = "retries_exhausted" if exhausted else "deadline"
+        if self._give_up_middleware is not None:
+            return self._give_up_middleware._give_up(  # type: ignore[no-any-return]
+                request, slot, status, reason, outcome, wait, attempts=attempt
+            )
+        self._stats.inc_value("retry_after/gave_up")
+        logger.warning(
+            "Gave up %(request)s on %(slot)s after %(attempts)d attempt(s): %(reason)s",
+            {"request": request, "slot": slot, "attempts": attempt, "reason": reason},
+            extra={"spider": self.crawler.spider},
+        )
+        return None
+
+    def _connection_failed(self, request: Request, exception: Exception) -> None:
+        """A burst of refused connections pauses the slot: a dead host is a fact about the host."""
+        slot = self._slot(request)
+        policy = self._retry_after.config.policy_for(slot)  # type: ignore[attr-defined]
+        count = self._down.failed(slot)
+        if count < policy.host_down_threshold:
+            return
+        wait = policy.backoff.wait(count - policy.host_down_threshold + 1, rng=self._rng)
+        added = self._board.cool(slot, wait, policy.wake_jitter)
+        if not added:
+            return
+        self._stats.inc_value("retry_after/host_down")
+        self._stats.inc_value("retry_after/cooldown_seconds", round(added, 3))
+        self._retry_after.send_back(slot)  # type: ignore[attr-defined]
+        logger.warning(
+            "Host %(slot)s looks down: %(count)d connection failures in a row (last %(error)s), "
+            "pausing the slot %(wait).2fs",
+            {"slot": slot, "count": count, "error": type(exception).__name__, "wait": self._board.remaining(slot)},
+            extra={"spider": self.crawler.spider},
+        )

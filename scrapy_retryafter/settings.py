@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from .backoff import STRATEGIES
 from .policy import SlotPolicy
 
 __all__ = ["Config", "RetryAfterSettingError", "load_config", "SETTING_NAMES"]
@@ -37,6 +38,10 @@ SETTING_NAMES: dict[str, str] = {
     "circuit_open_seconds": "RETRY_AFTER_CIRCUIT_OPEN_SECONDS",
     "budget_max_tokens": "RETRY_AFTER_BUDGET_MAX_TOKENS",
     "budget_token_ratio": "RETRY_AFTER_BUDGET_TOKEN_RATIO",
+    "backoff_strategy": "RETRY_AFTER_BACKOFF_STRATEGY",
+    "deadline": "RETRY_AFTER_DEADLINE",
+    "server_error_methods": "RETRY_AFTER_SERVER_ERROR_METHODS",
+    "host_down_threshold": "RETRY_AFTER_HOST_DOWN_THRESHOLD",
 }
 
 
@@ -76,6 +81,29 @@ def _codes(value: Any) -> frozenset[int]:
     return codes
 
 
+def _strategy(value: Any) -> str:
+    name = value.strip().lower() if isinstance(value, str) else None
+    if name not in STRATEGIES:
+        raise ValueError
+    return name
+
+
+def _deadline(value: Any) -> float:
+    """None (or 0) means no deadline, so a per-slot override can lift a global one."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+        return math.inf
+    number = _number(value)
+    return math.inf if number == 0 else number
+
+
+def _methods(value: Any) -> frozenset[str]:
+    if isinstance(value, str):
+        value = value.replace(",", " ").split()
+    if not all(isinstance(method, str) and method.strip().isalpha() for method in value):
+        raise ValueError
+    return frozenset(method.strip().upper() for method in value)
+
+
 _Check = tuple[Callable[[Any], Any], Callable[[Any], bool], str]
 
 _CHECKS: dict[str, _Check] = {
@@ -92,6 +120,10 @@ _CHECKS: dict[str, _Check] = {
     "circuit_open_seconds": (_number, lambda v: v > 0, "a number of seconds > 0"),
     "budget_max_tokens": (_number, lambda v: v >= 1, "a number >= 1"),
     "budget_token_ratio": (_number, lambda v: 0 < v <= 1, "a number > 0 and <= 1"),
+    "backoff_strategy": (_strategy, bool, "one of " + ", ".join(map(repr, STRATEGIES))),
+    "deadline": (_deadline, lambda v: v > 0, "a number of seconds > 0, or None for no deadline"),
+    "server_error_methods": (_methods, lambda v: True, "a list of HTTP methods, e.g. ['GET', 'HEAD']"),
+    "host_down_threshold": (_integer, lambda v: v >= 1, "a whole number >= 1"),
 }
 
 
@@ -127,6 +159,8 @@ class Config:
     """None: inside JOBDIR when set, else under the project's .scrapy directory."""
     logstats_interval: float = 30.0
     """Seconds between live-view lines about held slots; 0 turns them off."""
+    all_retries: bool = False
+    """RETRY_AFTER_ALL_RETRIES: take over Scrapy's retries of RETRY_HTTP_CODES and RETRY_EXCEPTIONS."""
 
     def policy_for(self, slot: str) -> SlotPolicy:
         return self.slots.get(slot, self.default)
@@ -200,9 +234,12 @@ def load_config(settings: Mapping[str, Any] | Any) -> Config:
     parking = _bool("RETRY_AFTER_PARKING", True if get("RETRY_AFTER_PARKING") is None else get("RETRY_AFTER_PARKING"))
     logstats = get("RETRY_AFTER_LOGSTATS_INTERVAL")
     interval = 30.0 if logstats is None else _interval("RETRY_AFTER_LOGSTATS_INTERVAL", logstats)
+    all_retries = get("RETRY_AFTER_ALL_RETRIES")
+    all_retries = False if all_retries is None else _bool("RETRY_AFTER_ALL_RETRIES", all_retries)
     return Config(
         enabled=enabled, default=default, slots=slots, parking=parking,
         park_file=_park_file(get("RETRY_AFTER_PARK_FILE")), logstats_interval=interval,
+        all_retries=all_retries,
     )
 
 

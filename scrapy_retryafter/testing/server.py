@@ -4,7 +4,9 @@ Each host listens on its own 127.0.0.x address (Scrapy keys download slots by
 host name, so distinct addresses are distinct slots) on a free port. A host
 limits with a token bucket, rejects with 429 or 503, announces Retry-After
 in any form (seconds, HTTP-date, absent, garbage, or a literal) and can
-punish hits inside a penalty the way real limiters do. Every arrival is
+punish hits inside a penalty the way real limiters do. It can also fail the
+first attempts of each URL in the ways Scrapy retries: a reset connection, no
+answer at all (a timeout), or any status such as 502, 500 or 404. Every arrival is
 logged with its time, so tests assert on what the server saw.
 """
 
@@ -54,6 +56,10 @@ class HostConfig:
     window: float | None = None
     """Limit with fixed windows of this many seconds (quota rate x window)
     instead of a token bucket."""
+    fail_first: int = 0
+    """The first N attempts of each path fail as `failure` says (before any limiting)."""
+    failure: str = "502"
+    """"reset" (abort the connection), "timeout" (never answer), or a status code."""
     ratelimit: str | None = None
     """Announce the limit on every response: "ietf" (RateLimit and
     RateLimit-Policy), "draft" (RateLimit-Limit/-Remaining/-Reset), "x"
@@ -67,7 +73,10 @@ class Arrival:
     method: str
     path: str
     status: int
+    """0 when no status was sent (see `failure`)."""
     headers: dict[str, str] = field(default_factory=dict)
+    failure: str | None = None
+    """"reset" or "timeout" when the attempt was failed without an answer."""
 
 
 class Host:
@@ -84,6 +93,14 @@ class Host:
         self.seen = 0
         self.window_start = self.refilled
         self.window_used = 0
+        self.attempts: dict[str, int] = {}
+        self.refusing = False
+
+    def failure_for(self, path: str) -> str | None:
+        """How this attempt at ``path`` fails, or None to serve it as usual."""
+        count = self.attempts.get(path, 0) + 1
+        self.attempts[path] = count
+        return self.config.failure if count <= self.config.fail_first else None
 
     @property
     def base_url(self) -> str:
@@ -194,12 +211,21 @@ class _Resource(resource.Resource):
         host = self.host
         srv = host.server
         now = srv.clock()
-        status, wait = host.admit(now)
         path = request.uri.decode("latin-1")
         headers = {
             key.decode("latin-1").lower(): values[0].decode("latin-1")
             for key, values in request.requestHeaders.getAllRawHeaders()
         }
+        failure = host.failure_for(path)
+        if failure in ("reset", "timeout"):
+            srv.log.append(Arrival(now, host.address, request.method.decode(), path, 0, headers, failure))
+            if failure == "reset":
+                request.transport.abortConnection()
+            return server.NOT_DONE_YET
+        if failure is not None:
+            status, wait = int(failure), None
+        else:
+            status, wait = host.admit(now)
         srv.log.append(Arrival(now, host.address, request.method.decode(), path, status, headers))
         wall = time.time() + host.config.clock_skew
         request.setResponseCode(status)
@@ -257,17 +283,36 @@ class ThrottlingServer:
         self.hosts.append(host)
         return host
 
-    def start(self) -> ThrottlingServer:
+    def add_refusing_host(self, config: HostConfig | None = None, address: str | None = None) -> Host:
+        """A host whose port refuses connections until ``open(host)``."""
+        import socket
+
+        host = self.add_host(config, address)
+        with socket.socket() as probe:
+            probe.bind((host.address, 0))
+            host.port = probe.getsockname()[1]
+        host.refusing = True
+        return host
+
+    def open(self, host: Host) -> None:
+        """Start listening for a refusing host, on the port it refused on."""
+        host.refusing = False
+        self._listen(host, host.port or 0)
+
+    def _listen(self, host: Host, port_number: int) -> None:
         from twisted.internet import reactor
 
+        site = server.Site(_Resource(host))
+        site.noisy = False
+        port = reactor.listenTCP(port_number, site, interface=host.address)  # type: ignore[attr-defined]
+        host.port = port.getHost().port
+        self._ports.append(port)
+
+    def start(self) -> ThrottlingServer:
         self.started = self.clock()
         for host in self.hosts:
             if host.port is None:
-                site = server.Site(_Resource(host))
-                site.noisy = False
-                port = reactor.listenTCP(0, site, interface=host.address)  # type: ignore[attr-defined]
-                host.port = port.getHost().port
-                self._ports.append(port)
+                self._listen(host, 0)
         return self
 
     def stop(self) -> defer.Deferred[Any]:
