@@ -53,6 +53,11 @@ class Addon:
                     if priority is None:
                         return  # the project turned retries off
                     settings.set_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", ScrapyRetryMiddleware, None)
+                    if isinstance(key, str):
+                        # Scrapy 2.13 keeps a path key of the _BASE beside a class key set to None.
+                        middlewares = settings.getdict("DOWNLOADER_MIDDLEWARES")
+                        middlewares[key] = None
+                        settings.set("DOWNLOADER_MIDDLEWARES", middlewares, settings.getpriority("DOWNLOADER_MIDDLEWARES") or 0)
                     settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", RetryMiddleware, priority)
                     return
 

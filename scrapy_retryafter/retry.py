@@ -69,6 +69,7 @@ class RetryMiddleware(ScrapyRetryMiddleware):
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         middleware = super().from_crawler(crawler)
+        middleware.crawler = crawler  # Scrapy 2.13's RetryMiddleware does not keep it
         middleware._retry_after = RetryAfterExtension.of(crawler)  # type: ignore[attr-defined]
         middleware._setup_all_retries(crawler)
         return middleware
