@@ -1,0 +1,72 @@
+"""RETRY_AFTER_ALL_RETRIES outside the add-on's defaults: turned off, without our queue, without our RetryMiddleware."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest_twisted
+from scrapy import Request
+
+from scrapy_retryafter.backoff import Backoff
+from scrapy_retryafter.testing.server import HostConfig
+
+from .conftest import ADDON, crawl
+
+OUR_RETRY = {
+    "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
+    "scrapy_retryafter.RetryMiddleware": 550,
+    "scrapy_retryafter.RetryAfterMiddleware": 560,
+}
+
+
+@pytest_twisted.ensureDeferred
+async def test_turned_off_the_add_on_leaves_scrapy_retries_as_they_were(server):
+    host = server.add_host(HostConfig(fail_first=1, failure="502"))
+    server.start()
+    crawler = await crawl(
+        [Request(host.url("/post"), method="POST")],
+        {**ADDON, "RETRY_AFTER_ALL_RETRIES": False, "RETRY_AFTER_BACKOFF_BASE": 5},
+    )
+    arrivals = server.arrivals(host)
+    # Stock: a POST repeated after a 502, at once.
+    assert [a.status for a in arrivals] == [502, 200]
+    assert arrivals[1].t - arrivals[0].t < 1
+    assert crawler.stats.get_value("retry/count") == 1
+    assert crawler.stats.get_value("retry_after/backoff_retried") is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_our_queue_the_backoff_is_waited_out_in_the_downloader(server):
+    host = server.add_host(HostConfig(fail_first=2, failure="502"))
+    server.start()
+    settings = {
+        "DOWNLOADER_MIDDLEWARES": OUR_RETRY,
+        "RETRY_AFTER_ALL_RETRIES": True,
+        "RETRY_AFTER_BACKOFF_STRATEGY": "equal",
+        "RETRY_AFTER_BACKOFF_BASE": 0.4,
+    }
+    crawler = await crawl([Request(host.url("/a")), Request(host.url("/b"))], settings)
+    assert sorted(crawler.spider.seen) == [(host.url("/a"), 200), (host.url("/b"), 200)]
+    backoff = Backoff("equal", 0.4, 60.0)
+    for path in ("/a", "/b"):
+        arrivals = [a for a in server.arrivals(host) if a.path == path]
+        assert [a.status for a in arrivals] == [502, 502, 200]
+        for attempt, (before, after) in enumerate(zip(arrivals, arrivals[1:]), start=1):
+            low, high = backoff.bounds(attempt)
+            assert low - 0.01 <= after.t - before.t <= high + 0.5
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_our_retry_middleware_one_line_says_scrapy_keeps_retrying(server, caplog):
+    host = server.add_host(HostConfig(fail_first=1, failure="502"))
+    server.start()
+    settings = {
+        "DOWNLOADER_MIDDLEWARES": {"scrapy_retryafter.RetryAfterMiddleware": 560},
+        "RETRY_AFTER_ALL_RETRIES": True,
+    }
+    with caplog.at_level(logging.WARNING, logger="scrapy_retryafter"):
+        crawler = await crawl([Request(host.url("/"))], settings)
+    said = [r.getMessage() for r in caplog.records if "RETRY_AFTER_ALL_RETRIES" in r.getMessage()]
+    assert len(said) == 1 and "scrapy_retryafter.RetryMiddleware is not installed" in said[0]
+    assert [a.status for a in server.arrivals(host)] == [502, 200]
+    assert crawler.stats.get_value("retry/count") == 1
