@@ -115,6 +115,8 @@ class RetryAfterExtension:
         for queue in self.queues:
             if queue.key:
                 continue
+            for request, slot, wait in queue.take_waiting():
+                yield request, slot, wait, "its retry was waiting out its backoff"
             for slot in list(queue.pqueues):
                 why = self._holding(slot, now)
                 if why is None:

@@ -22,7 +22,7 @@ from .extension import RetryAfterExtension
 from .failures import NOT_BEFORE
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Iterator
 
     from scrapy import Request
     from scrapy.crawler import Crawler
@@ -156,6 +156,13 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         if not ready:
             return None
         return self.pqueues[self._choose(ready, update_state=False)].peek()
+
+    def take_waiting(self) -> Iterator[tuple[Request, str, float]]:
+        """Hand over the retries still waiting out their backoff, with their slot and wait left."""
+        now = self._wall()
+        while self._waiting:
+            not_before, _, request = heapq.heappop(self._waiting)
+            yield request, self._downloader_interface.get_slot_key(request), max(0.0, not_before - now)
 
     def close(self) -> dict[str, list[int]]:
         # Waiting retries go back to their slots' queues (on disk with JOBDIR);

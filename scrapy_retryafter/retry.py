@@ -19,6 +19,7 @@ import logging
 import math
 import random
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
@@ -89,6 +90,9 @@ class RetryMiddleware(ScrapyRetryMiddleware):
             not math.isinf(policy.deadline) for policy in (config.default, *config.slots.values())
         )
         self._give_up_middleware: Any = None
+        self._waiting: weakref.WeakKeyDictionary[Request, str] = weakref.WeakKeyDictionary()
+        """Retries waiting out their backoff here (no CooldownAwarePriorityQueue), parked if the crawl closes."""
+        extension.held_requests.append(lambda: [(r, s) for r, s in list(self._waiting.items()) if self._waiting.pop(r, None)])
         if not self._all:
             return
         crawler.signals.connect(self._find_give_up, signal=signals.spider_opened)
@@ -125,17 +129,31 @@ class RetryMiddleware(ScrapyRetryMiddleware):
             return None
         return self._wait_in_downloader(request, float(not_before))
 
-    async def _wait_in_downloader(self, request: Request, not_before: float) -> None:
+    async def _wait_in_downloader(self, request: Request, not_before: float) -> Request | None:
         """Without CooldownAwarePriorityQueue a backoff can only be waited out here,
         holding a download place (the README says what that costs)."""
-        while True:
-            engine = self.crawler.engine
-            if engine is None or not engine.running:
-                raise IgnoreRequest(f"crawl stopping while {request} waits for its retry")
-            left = not_before - self._wall()
-            if left <= 0:
-                return
-            await sleep(min(left, _POLL))
+        self._waiting[request] = self._slot(request)
+        try:
+            while True:
+                engine = self.crawler.engine
+                if engine is None or not engine.running:
+                    return self._park_at_close(request, not_before)
+                left = not_before - self._wall()
+                if left <= 0:
+                    return None
+                await sleep(min(left, _POLL))
+        finally:
+            self._waiting.pop(request, None)
+
+    def _park_at_close(self, request: Request, not_before: float) -> Request:
+        parking = self._retry_after.parking  # type: ignore[attr-defined]
+        slot = self._waiting.pop(request, None)
+        if parking is None or slot is None:
+            raise IgnoreRequest(f"crawl stopping while {request} waits for its retry")
+        return parking.park(  # type: ignore[no-any-return]
+            request, slot, "held_at_close", "the crawl closed while its retry waited out its backoff",
+            request.meta.get("retry_times", 0), max(0.0, not_before - self._wall()),
+        )
 
     def process_response(  # type: ignore[override]
         self, request: Request, response: Response, spider: Spider | None = None

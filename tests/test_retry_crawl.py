@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
 
@@ -139,7 +140,8 @@ async def test_a_burst_of_refused_connections_pauses_the_whole_slot(server):
     host = server.add_refusing_host()
     server.start()
     requests = [Request(host.url(f"/{i}")) for i in range(8)]
-    crawler = await crawl(requests, settings_for("equal", RETRY_TIMES=2, RETRY_AFTER_HOST_DOWN_THRESHOLD=3))
+    settings = settings_for("equal", RETRY_TIMES=2, RETRY_AFTER_HOST_DOWN_THRESHOLD=3, RETRY_AFTER_PARKING=False)
+    crawler = await crawl(requests, settings)
     stats = crawler.stats.get_stats()
     assert stats["retry_after/host_down"] >= 1
     assert stats["retry/max_reached"] == 8
@@ -156,7 +158,8 @@ async def test_scrapy_retry_knobs_keep_working(server):
         Request(host.url("/three"), meta={"max_retry_times": 3}),
         Request(host.url("/none"), meta={"dont_retry": True}),
     ]
-    crawler = await crawl(requests, settings_for("full", RETRY_TIMES=1, RETRY_AFTER_BACKOFF_BASE=0.1))
+    settings = settings_for("full", RETRY_TIMES=1, RETRY_AFTER_BACKOFF_BASE=0.1, RETRY_AFTER_PARKING=False)
+    crawler = await crawl(requests, settings)
     paths = attempts_by_path(server, host)
     assert {path: len(a) for path, a in paths.items()} == {"/default": 2, "/three": 4, "/none": 1}
     stats = crawler.stats.get_stats()
@@ -195,9 +198,10 @@ async def test_a_retry_that_would_end_past_the_deadline_gives_up_now(server):
     ]
     started = time.monotonic()
     # Equal jitter with base 2 waits at least 1 s: never inside a 0.5 s deadline.
-    crawler = await crawl(
-        requests, settings_for("equal", RETRY_TIMES=5, RETRY_AFTER_BACKOFF_BASE=2.0, RETRY_AFTER_DEADLINE=0.5)
+    settings = settings_for(
+        "equal", RETRY_TIMES=5, RETRY_AFTER_BACKOFF_BASE=2.0, RETRY_AFTER_DEADLINE=0.5, RETRY_AFTER_PARKING=False
     )
+    crawler = await crawl(requests, settings)
     paths = attempts_by_path(server, host)
     assert len(paths["/tight"]) == 1
     assert [a.status for a in paths["/loose"]] == [502, 502, 502, 200]
@@ -213,7 +217,7 @@ async def test_a_throttle_whose_cooldown_ends_past_the_deadline_gives_up_now(ser
     host = server.add_host(HostConfig(reject_first=1, penalty=5.0))
     server.start()
     started = time.monotonic()
-    crawler = await crawl([Request(host.url("/"))], {**ADDON, "RETRY_AFTER_DEADLINE": 3})
+    crawler = await crawl([Request(host.url("/"))], {**ADDON, "RETRY_AFTER_DEADLINE": 3, "RETRY_AFTER_PARKING": False})
     assert [a.status for a in server.arrivals(host)] == [429]
     assert time.monotonic() - started < 3
     assert crawler.stats.get_value("retry_after/deadline") == 1
@@ -296,3 +300,57 @@ async def test_with_jobdir_a_retry_that_cannot_go_to_disk_waits_in_memory(server
     assert crawler.spider.seen == [(host.url("/unpicklable"), 200)]
     assert [a.status for a in server.arrivals(host)] == [502, 200]
     assert crawler.stats.get_value("scheduler/unserializable") >= 1
+
+
+def _records(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest_twisted.ensureDeferred
+async def test_with_parking_a_given_up_retry_is_parked_for_the_next_run(server, tmp_path):
+    host = server.add_host(HostConfig(fail_first=10, failure="502"))
+    slow = server.add_host(HostConfig(reject_first=1, penalty=5.0))
+    server.start()
+    park_file = tmp_path / "parked.jsonl"
+    requests = [
+        Request(host.url("/exhausted")),
+        Request(host.url("/deadline"), meta={"retry_after_deadline": 0.2}),
+        Request(slow.url("/throttled"), meta={"retry_after_deadline": 3}),
+        Request(host.url("/post"), method="POST"),
+    ]
+    settings = settings_for("equal", RETRY_TIMES=1, RETRY_AFTER_BACKOFF_BASE=0.5, RETRY_AFTER_PARK_FILE=str(park_file))
+    crawler = await crawl(requests, settings)
+    records = {r["url"]: r for r in _records(park_file)}
+    assert records[host.url("/exhausted")]["reason"] == "retries_exhausted"
+    assert records[host.url("/exhausted")]["attempts"] == 2
+    assert records[host.url("/deadline")]["reason"] == "deadline"
+    assert records[slow.url("/throttled")]["reason"] == "deadline"
+    # A POST refused for want of an Idempotency-Key is final: its 502 reaches the spider, nothing is parked.
+    assert host.url("/post") not in records
+    [failure] = crawler.spider.failures
+    assert failure.value.response.url == host.url("/post") and failure.value.response.status == 502
+    assert crawler.stats.get_value("retry_after/parked") == 3
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_retry_waiting_when_the_crawl_stops_is_parked_not_lost(server, tmp_path):
+    host = server.add_host(HostConfig(fail_first=1, failure="502"))
+    server.start()
+    park_file = tmp_path / "parked.jsonl"
+    settings = settings_for("none", RETRY_AFTER_BACKOFF_BASE=3.0, RETRY_AFTER_PARK_FILE=str(park_file))
+    from scrapy.crawler import CrawlerRunner
+    from scrapy.utils.defer import deferred_from_coro
+    from twisted.internet import reactor, task
+
+    from .conftest import BASE_SETTINGS
+
+    crawler = CrawlerRunner({**BASE_SETTINGS, **settings}).create_crawler(ListSpider)
+    done = crawler.crawl(requests=[Request(host.url("/waiting"))])
+    await task.deferLater(reactor, 1.0, lambda: None)
+    stop = getattr(crawler, "stop_async", None)
+    await (deferred_from_coro(stop()) if stop else crawler.stop())
+    await done
+    [record] = _records(park_file)
+    assert record["url"] == host.url("/waiting")
+    assert record["reason"] == "held_at_close"
+    assert "backoff" in record["detail"]
