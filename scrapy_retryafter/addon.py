@@ -32,6 +32,7 @@ __all__ = ["Addon"]
 logger = logging.getLogger(__name__)
 
 _QUEUE = "scrapy_retryafter.CooldownAwarePriorityQueue"
+_STOCK_RETRY = "scrapy.downloadermiddlewares.retry.RetryMiddleware"
 
 
 class Addon:
@@ -52,12 +53,13 @@ class Addon:
                 if _loads(key) is ScrapyRetryMiddleware:
                     if priority is None:
                         return  # the project turned retries off
-                    settings.set_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", ScrapyRetryMiddleware, None)
-                    if isinstance(key, str):
-                        # Scrapy 2.13 keeps a path key of the _BASE beside a class key set to None.
-                        middlewares = settings.getdict("DOWNLOADER_MIDDLEWARES")
-                        middlewares[key] = None
-                        settings.set("DOWNLOADER_MIDDLEWARES", middlewares, settings.getpriority("DOWNLOADER_MIDDLEWARES") or 0)
+                    # Keyed by the path the _BASE uses: Scrapy 2.13 would keep the _BASE's entry
+                    # beside a class key, and 2.19 warns when both are there.
+                    middlewares = settings.getdict("DOWNLOADER_MIDDLEWARES")
+                    for stock in [k for k in middlewares if _loads(k) is ScrapyRetryMiddleware]:
+                        del middlewares[stock]
+                    middlewares[_STOCK_RETRY] = None
+                    settings.set("DOWNLOADER_MIDDLEWARES", middlewares, settings.getpriority("DOWNLOADER_MIDDLEWARES") or 0)
                     settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", RetryMiddleware, priority)
                     return
 

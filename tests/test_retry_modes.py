@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 
 import pytest_twisted
-from scrapy import Request
+from scrapy import Request, signals
 
 from scrapy_retryafter.backoff import Backoff
 from scrapy_retryafter.testing.server import HostConfig
 
-from .conftest import ADDON, crawl
+from .conftest import ADDON, ListSpider, crawl
 
 OUR_RETRY = {
     "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
@@ -70,3 +70,29 @@ async def test_without_our_retry_middleware_one_line_says_scrapy_keeps_retrying(
     assert len(said) == 1 and "scrapy_retryafter.RetryMiddleware is not installed" in said[0]
     assert [a.status for a in server.arrivals(host)] == [502, 200]
     assert crawler.stats.get_value("retry/count") == 1
+
+
+class MiddlewaresSpider(ListSpider):
+    @classmethod
+    def from_crawler(cls, crawler, *args, **kwargs):
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        crawler.signals.connect(spider._opened, signal=signals.spider_opened)
+        return spider
+
+    def _opened(self, **kwargs):
+        self.middlewares = [type(m) for m in self.crawler.engine.downloader.middleware.middlewares]
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_add_on_leaves_exactly_one_retry_middleware_its_own(server, caplog):
+    from scrapy.downloadermiddlewares.retry import RetryMiddleware as Stock
+
+    from scrapy_retryafter import RetryMiddleware
+
+    host = server.add_host()
+    server.start()
+    with caplog.at_level(logging.WARNING):
+        crawler = await crawl([Request(host.url("/"))], ADDON, spider_cls=MiddlewaresSpider)
+    retries = [cls for cls in crawler.spider.middlewares if issubclass(cls, Stock)]
+    assert retries == [RetryMiddleware]
+    assert not [r for r in caplog.records if "multiple keys" in r.getMessage()]
