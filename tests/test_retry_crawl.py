@@ -16,7 +16,7 @@ from scrapy_retryafter.testing.server import HostConfig
 
 from .conftest import ADDON, ListSpider, crawl
 
-DISPATCH = 0.5
+DISPATCH = 1.0
 """Slack for a released retry to reach the server (engine wake-up, connection)."""
 BASE = 0.4
 CAP = 3.0
@@ -252,7 +252,7 @@ async def test_waiting_retries_leave_the_healthy_host_at_its_solo_speed():
     assert recovered == 20
     # Each of the 20 failing URLs waits out two backoffs (up to 1 s, then 2 s);
     # held in the downloader they would take most of the 4 places for seconds.
-    assert beside <= alone * 1.3 + 0.2, (alone, beside)
+    assert beside <= alone * 1.5 + 0.3, (alone, beside)
 
 
 @pytest_twisted.ensureDeferred
