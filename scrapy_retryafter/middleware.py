@@ -357,10 +357,10 @@ class RetryAfterMiddleware:
                 if parked is not None:
                     return parked
             return response
-        late = self._past_deadline(request)
+        slot = self._slot(request)
+        late = self._past_deadline(request, slot)
         if late is not None:
             self.stats.inc_value("retry_after/deadline")
-            slot = self._slot(request)
             parked = self._give_up(request, slot, response.status, late, "deadline", self.board.remaining(slot))
             return response if parked is None else parked
         self.stats.inc_value("retry_after/retried")
@@ -369,9 +369,8 @@ class RetryAfterMiddleware:
         retry.dont_filter = True
         return retry
 
-    def _past_deadline(self, request: Request) -> str | None:
+    def _past_deadline(self, request: Request, slot: str) -> str | None:
         """A throttled request whose slot reopens past its deadline gives up now."""
-        slot = self._slot(request)
         policy = self.config.policy_for(slot)
         return past_deadline(request.meta, policy.deadline, time.time(), self.board.remaining(slot))
 

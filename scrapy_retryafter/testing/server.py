@@ -60,6 +60,10 @@ class HostConfig:
     """The first N attempts of each path fail as `failure` says (before any limiting)."""
     failure: str = "502"
     """"reset" (abort the connection), "timeout" (never answer), or a status code."""
+    keep_alive: bool = True
+    """False answers with Connection: close, so every attempt opens a new
+    connection (Twisted's pool silently repeats a GET once when a reused
+    connection fails, which would hide an attempt from the crawler)."""
     ratelimit: str | None = None
     """Announce the limit on every response: "ietf" (RateLimit and
     RateLimit-Policy), "draft" (RateLimit-Limit/-Remaining/-Reset), "x"
@@ -231,6 +235,8 @@ class _Resource(resource.Resource):
         request.setResponseCode(status)
         request.setHeader(b"Date", formatdate(math.floor(wall), usegmt=True).encode())
         request.setHeader(b"Content-Type", b"text/html; charset=utf-8")
+        if not host.config.keep_alive:
+            request.setHeader(b"Connection", b"close")
         value = host.retry_after_header(wait, wall)
         if value is not None:
             request.setHeader(b"Retry-After", value.encode("latin-1"))
