@@ -103,7 +103,7 @@ class RetryAfterMiddleware:
 
     def _check_all_retries(self, **kwargs: Any) -> None:
         """RETRY_AFTER_ALL_RETRIES is carried out by our RetryMiddleware: say so if it is missing."""
-        if not self.config.all_retries:
+        if not self.config.all_retries or not self.crawler.settings.getbool("RETRY_ENABLED"):
             return
         from .retry import RetryMiddleware
 

@@ -96,3 +96,15 @@ async def test_the_add_on_leaves_exactly_one_retry_middleware_its_own(server, ca
     retries = [cls for cls in crawler.spider.middlewares if issubclass(cls, Stock)]
     assert retries == [RetryMiddleware]
     assert not [r for r in caplog.records if "multiple keys" in r.getMessage()]
+
+
+@pytest_twisted.ensureDeferred
+async def test_retry_enabled_false_turns_every_retry_off_without_a_warning(server, caplog):
+    host = server.add_host(HostConfig(fail_first=1, failure="502"))
+    server.start()
+    with caplog.at_level(logging.WARNING, logger="scrapy_retryafter"):
+        crawler = await crawl([Request(host.url("/"))], {**ADDON, "RETRY_ENABLED": False, "RETRY_AFTER_PARKING": False})
+    assert [a.status for a in server.arrivals(host)] == [502]
+    assert not [r for r in caplog.records if "RETRY_AFTER_ALL_RETRIES" in r.getMessage()]
+    [failure] = crawler.spider.failures
+    assert failure.value.response.status == 502
