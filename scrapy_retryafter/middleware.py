@@ -20,7 +20,7 @@ from scrapy import signals
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
 from .extension import RetryAfterExtension, SlotCoolingDown
-from .failures import past_deadline, stamp_first_attempt
+from .failures import PREVIOUS_WAIT, past_deadline, stamp_first_attempt
 from .headers import parse_http_date, parse_retry_after
 from .parkfile import iso
 from .policy import Decision, SlotPolicy, decide
@@ -251,6 +251,7 @@ class RetryAfterMiddleware:
             max_retries=request.meta.get(MAX_RETRIES),
             budget_spent=budget_spent,
             rng=self.rng,
+            previous_wait=_number_or_none(request.meta.get(PREVIOUS_WAIT)),
         )
         # Before cooling: a throttle answered during the cooldown belongs to the same event.
         sent_at = self.board.clock() - float(request.meta.get("download_latency") or 0.0)
@@ -366,6 +367,7 @@ class RetryAfterMiddleware:
         self.stats.inc_value("retry_after/retried")
         retry = request.copy()
         retry.meta[THROTTLES] = request.meta.get(THROTTLES, 0) + 1
+        retry.meta[PREVIOUS_WAIT] = decision.cooldown  # decorrelated jitter grows from the last wait
         retry.dont_filter = True
         return retry
 
@@ -427,3 +429,7 @@ class RetryAfterMiddleware:
             extra={"spider": self.crawler.spider},
         )
         return parked
+
+
+def _number_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -77,8 +77,12 @@ def decide(
     max_retries: int | None = None,
     budget_spent: bool = False,
     rng: Uniform = random,
+    previous_wait: float | None = None,
 ) -> Decision:
-    """Decide for a request throttled for the ``throttles``-th time (1-based)."""
+    """Decide for a request throttled for the ``throttles``-th time (1-based).
+
+    ``previous_wait`` is the request's last backoff, which decorrelated jitter grows from.
+    """
     limit = policy.max_retries if max_retries is None else max_retries
     if retry_after is not None and retry_after > policy.max_delay:
         refuse = min(retry_after, _REFUSE_AT_MOST)
@@ -87,7 +91,7 @@ def decide(
         cooldown = retry_after * policy.pad
         why = f"Retry-After {retry_after:g}s x{policy.pad:g}"
     else:
-        cooldown = policy.backoff.wait(throttles, rng=rng)
+        cooldown = policy.backoff.wait(throttles, previous_wait, rng)
         why = "no usable Retry-After, backoff"
     if status != 429 and method.upper() not in IDEMPOTENT_METHODS and not has_idempotency_key:
         return Decision(False, cooldown, 0.0, f"{method.upper()} without Idempotency-Key is not repeated after {status}", "not_repeatable")

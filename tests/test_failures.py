@@ -331,3 +331,22 @@ def test_consecutive_failures_count_per_slot_until_the_host_answers():
     down.reached("b")
     down.reached("never seen")
     assert not down
+
+
+def test_a_throttle_without_retry_after_grows_decorrelated_jitter_from_its_last_wait():
+    from scrapy_retryafter.policy import SlotPolicy, decide
+
+    policy = SlotPolicy(backoff_strategy="decorrelated", backoff_base=1.0, backoff_max=60.0)
+
+    class Top:
+        def uniform(self, a, b):
+            return b
+
+    waits = []
+    previous = None
+    for throttles in (1, 2, 3):
+        decision = decide(policy, status=429, method="GET", has_idempotency_key=False, throttles=throttles,
+                          retry_after=None, rng=Top(), previous_wait=previous)
+        previous = decision.cooldown
+        waits.append(decision.cooldown)
+    assert waits == [3.0, 9.0, 27.0]
