@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import _run_main, run  # noqa: E402  (installs the asyncio reactor)
+from compare import run, run_until_done  # noqa: E402  (installs the asyncio reactor)
 from twisted.internet import defer  # noqa: E402
 
 from scrapy_retryafter.backoff import STRATEGIES, Backoff  # noqa: E402
@@ -85,4 +85,4 @@ def main() -> Any:
 
 
 if __name__ == "__main__":
-    _run_main(main)
+    run_until_done(main)
