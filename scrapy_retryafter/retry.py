@@ -279,10 +279,11 @@ class RetryMiddleware(ScrapyRetryMiddleware):
             return None
         self._stats.inc_value("retry/max_reached" if exhausted else "retry_after/deadline")
         reason = f"{label}: {decision.reason}"
-        outcome = "retries_exhausted" if exhausted else "deadline"
-        if self._give_up_middleware is not None:
+        # Retries exhausted: the failure is the answer, and the spider gets the real one.
+        # A deadline only says "not now": parked, where parking is on.
+        if not exhausted and self._give_up_middleware is not None:
             return self._give_up_middleware._give_up(  # type: ignore[no-any-return]
-                request, slot, status, reason, outcome, wait, attempts=attempt
+                request, slot, status, reason, "deadline", wait, attempts=attempt
             )
         self._stats.inc_value("retry_after/gave_up")
         logger.warning(

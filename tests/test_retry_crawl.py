@@ -308,7 +308,7 @@ def _records(path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_with_parking_a_given_up_retry_is_parked_for_the_next_run(server, tmp_path):
+async def test_a_deadline_parks_but_exhausted_retries_reach_the_spider(server, tmp_path):
     host = server.add_host(HostConfig(fail_first=10, failure="502"))
     slow = server.add_host(HostConfig(reject_first=1, penalty=5.0))
     server.start()
@@ -322,15 +322,14 @@ async def test_with_parking_a_given_up_retry_is_parked_for_the_next_run(server, 
     settings = settings_for("equal", RETRY_TIMES=1, RETRY_AFTER_BACKOFF_BASE=0.5, RETRY_AFTER_PARK_FILE=str(park_file))
     crawler = await crawl(requests, settings)
     records = {r["url"]: r for r in _records(park_file)}
-    assert records[host.url("/exhausted")]["reason"] == "retries_exhausted"
-    assert records[host.url("/exhausted")]["attempts"] == 2
     assert records[host.url("/deadline")]["reason"] == "deadline"
     assert records[slow.url("/throttled")]["reason"] == "deadline"
-    # A POST refused for want of an Idempotency-Key is final: its 502 reaches the spider, nothing is parked.
-    assert host.url("/post") not in records
-    [failure] = crawler.spider.failures
-    assert failure.value.response.url == host.url("/post") and failure.value.response.status == 502
-    assert crawler.stats.get_value("retry_after/parked") == 3
+    # Retries exhausted, or a POST refused for want of an Idempotency-Key: the failure is final,
+    # the spider gets the real 502 and nothing is parked.
+    assert host.url("/exhausted") not in records and host.url("/post") not in records
+    failed = {f.value.response.url: f.value.response.status for f in crawler.spider.failures}
+    assert failed == {host.url("/exhausted"): 502, host.url("/post"): 502}
+    assert crawler.stats.get_value("retry_after/parked") == 2
 
 
 @pytest_twisted.ensureDeferred
