@@ -162,7 +162,7 @@ class CooldownBoard:
         if state.breaker is not None:
             state.breaker.released(now)
         if state.pace is not None:
-            state.next_paced = now + 1.0 / state.pace.rate
+            state.next_paced = now + self.share(slot) / state.pace.rate
         if state.wake_left <= 0:
             return
         state.wake_left -= 1
@@ -218,7 +218,7 @@ class CooldownBoard:
         meter = self._meters.get(slot)
         if meter is None:
             meter = self._meters[slot] = Meter(now)
-        measured = meter.tick(now)
+        measured = meter.tick(now) * self.share(slot)
         state = self._slots.get(slot)
         if state is not None and state.pace is not None:
             state.pace.succeeded(measured, now)
@@ -237,7 +237,7 @@ class CooldownBoard:
             state = self._slots[slot] = SlotState()
         state.last_seen = now
         meter = self._meters.get(slot)
-        measured = meter.current(now) if meter is not None else 0.0
+        measured = meter.current(now) * self.share(slot) if meter is not None else 0.0
         if state.pace is None:
             state.pace = RateController(beta=beta)
         elif sent_at < state.pace.last_cut or now < state.cooldown_until:
@@ -253,6 +253,10 @@ class CooldownBoard:
             state.pace = RateController()
         state.pace.announced(max(rate, state.pace.min_rate))
         state.last_seen = self.clock()
+
+    def share(self, slot: str) -> float:
+        """How many senders split the slot's pace: one here; a fleet board counts its processes."""
+        return 1.0
 
     def rate(self, slot: str) -> float | None:
         state = self._slots.get(slot)

@@ -17,7 +17,7 @@ from typing import Any
 from .backoff import STRATEGIES
 from .policy import SlotPolicy
 
-__all__ = ["Config", "RetryAfterSettingError", "load_config", "SETTING_NAMES"]
+__all__ = ["Config", "RedisConfig", "RetryAfterSettingError", "load_config", "SETTING_NAMES"]
 
 
 class RetryAfterSettingError(ValueError):
@@ -128,14 +128,7 @@ _CHECKS: dict[str, _Check] = {
 
 
 def _checked(name: str, key: str, raw: Any) -> Any:
-    convert, ok, accepted = _CHECKS[key]
-    try:
-        value = convert(raw)
-    except (TypeError, ValueError, OverflowError):
-        value = None
-    if value is None or not ok(value):
-        raise RetryAfterSettingError(f"{name} must be {accepted}; got {raw!r}")
-    return value
+    return _checked_with(_CHECKS[key], name, raw)
 
 
 def _policy(base: SlotPolicy, raw: Mapping[str, Any], where: Callable[[str], str]) -> SlotPolicy:
@@ -150,6 +143,29 @@ def _policy(base: SlotPolicy, raw: Mapping[str, Any], where: Callable[[str], str
 
 
 @dataclass(frozen=True)
+class RedisConfig:
+    """Where the fleet's shared board lives, and how hard to try reaching it."""
+
+    url: str
+    params: Mapping[str, Any]
+    """Extra redis-py client arguments (scrapy-redis's REDIS_PARAMS)."""
+    prefix: str = "retry_after"
+    fallback: bool = False
+    refresh: float = 0.1
+    timeout: float = 0.5
+
+    @property
+    def safe_url(self) -> str:
+        """The URL without its password, for messages."""
+        scheme, sep, rest = self.url.partition("://")
+        if "@" not in rest:
+            return self.url
+        credentials, _, location = rest.rpartition("@")
+        user = credentials.partition(":")[0]
+        return f"{scheme}{sep}{user + ':***' if user else '***'}@{location}"
+
+
+@dataclass(frozen=True)
 class Config:
     enabled: bool
     default: SlotPolicy
@@ -161,6 +177,7 @@ class Config:
     """Seconds between live-view lines about held slots; 0 turns them off."""
     all_retries: bool = False
     """RETRY_AFTER_ALL_RETRIES: take over Scrapy's retries of RETRY_HTTP_CODES and RETRY_EXCEPTIONS."""
+    redis: RedisConfig | None = None
 
     def policy_for(self, slot: str) -> SlotPolicy:
         return self.slots.get(slot, self.default)
@@ -208,6 +225,62 @@ def _slots(raw: Any) -> dict[str, Mapping[str, Any]]:
     return {key: dict(value) for key, value in raw.items()}
 
 
+_REDIS_CHECKS: dict[str, _Check] = {
+    "RETRY_AFTER_REDIS_PREFIX": (str, lambda v: bool(v.strip()), "a non-empty string"),
+    "RETRY_AFTER_REDIS_FALLBACK": (_boolean, lambda v: True, "True or False"),
+    "RETRY_AFTER_REDIS_REFRESH": (_number, lambda v: 0 < v <= 0.25, "a number of seconds > 0 and <= 0.25"),
+    "RETRY_AFTER_REDIS_TIMEOUT": (_number, lambda v: 0 < v <= 5, "a number of seconds > 0 and <= 5"),
+}
+_REDIS_FIELDS = {
+    "RETRY_AFTER_REDIS_PREFIX": "prefix",
+    "RETRY_AFTER_REDIS_FALLBACK": "fallback",
+    "RETRY_AFTER_REDIS_REFRESH": "refresh",
+    "RETRY_AFTER_REDIS_TIMEOUT": "timeout",
+}
+_URL_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def _redis(get: Callable[[str], Any]) -> RedisConfig | None:
+    """RETRY_AFTER_REDIS_URL, else the Redis a scrapy-redis project already names.
+
+    An empty RETRY_AFTER_REDIS_URL keeps the board local even then.
+    """
+    raw_params = get("REDIS_PARAMS") or {}
+    if not isinstance(raw_params, Mapping):
+        raise RetryAfterSettingError(f"REDIS_PARAMS must be a dict of redis-py client arguments; got {raw_params!r}")
+    params = {key: value for key, value in raw_params.items() if key not in ("redis_cls", "url")}
+    url = get("RETRY_AFTER_REDIS_URL")
+    name = "RETRY_AFTER_REDIS_URL"
+    if url is None:
+        name = "REDIS_URL"
+        url = get("REDIS_URL") or raw_params.get("url")
+        if url is None and (get("REDIS_HOST") or get("REDIS_PORT")):
+            url = f"redis://{get('REDIS_HOST') or 'localhost'}:{int(get('REDIS_PORT') or 6379)}"
+    if url is None or url == "" or url is False:
+        return None
+    if not isinstance(url, str) or not url.startswith(_URL_SCHEMES):
+        raise RetryAfterSettingError(
+            f"{name} must be a Redis URL (redis://host:port/db, rediss://... or unix://...); got {url!r}"
+        )
+    values = {
+        field: _checked_with(_REDIS_CHECKS[setting], setting, get(setting))
+        for setting, field in _REDIS_FIELDS.items()
+        if get(setting) is not None
+    }
+    return RedisConfig(url=url, params=params, **values)
+
+
+def _checked_with(check: _Check, name: str, raw: Any) -> Any:
+    convert, ok, accepted = check
+    try:
+        value = convert(raw)
+    except (TypeError, ValueError, OverflowError):
+        value = None
+    if value is None or not ok(value):
+        raise RetryAfterSettingError(f"{name} must be {accepted}; got {raw!r}")
+    return value
+
+
 def load_config(settings: Mapping[str, Any] | Any) -> Config:
     """Build the validated configuration from Scrapy settings (or a dict)."""
     get = settings.get
@@ -239,7 +312,7 @@ def load_config(settings: Mapping[str, Any] | Any) -> Config:
     return Config(
         enabled=enabled, default=default, slots=slots, parking=parking,
         park_file=_park_file(get("RETRY_AFTER_PARK_FILE")), logstats_interval=interval,
-        all_retries=all_retries,
+        all_retries=all_retries, redis=_redis(get),
     )
 
 

@@ -1,0 +1,186 @@
+"""RedisBoard against a real redis-server: what one process learns, the others hold to."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from scrapy_retryafter.breaker import CLOSED, OPEN
+from scrapy_retryafter.redis_board import RedisBoard, RedisBoardUnavailable
+from scrapy_retryafter.settings import RedisConfig
+
+from .redis_fixtures import free_port, own_redis, prefix, redis_server, require_redis  # noqa: F401
+
+SLOT = "shop.example"
+
+
+def board(url: str, prefix: str, **kwargs) -> RedisBoard:
+    config = RedisConfig(url=url, params={}, prefix=prefix, **kwargs)
+    made = RedisBoard(config)
+    made.connect()
+    made.start()
+    return made
+
+
+@pytest.fixture
+def pair(redis_server, prefix):
+    a, b = board(redis_server.url, prefix), board(redis_server.url, prefix)
+    yield a, b
+    a.stop()
+    b.stop()
+
+
+def test_a_cooldown_one_process_sets_holds_the_other(pair):
+    a, b = pair
+    heard = []
+    b.on_remote_cool = lambda slot, seconds: heard.append((slot, seconds))
+    a.cool(SLOT, 5.0)
+    assert a.sync() and b.sync()
+    assert SLOT in b
+    assert 4.9 <= b.remaining(SLOT) <= 5.05
+    assert b.ready_at(SLOT) >= b.clock() + 4.9
+    assert [slot for slot, _ in heard] == [SLOT]
+    assert b.remaining("other.example") == 0.0
+
+
+def test_a_shorter_cooldown_never_shortens_the_shared_one(pair, redis_server, prefix):
+    a, b = pair
+    a.cool(SLOT, 5.0)
+    assert a.sync()
+    b.cool(SLOT, 1.0)
+    assert b.sync()
+    server_now = float(redis_server.client().time()[0])
+    until = redis_server.client().zscore(f"{prefix}:cooldown", SLOT)
+    assert until - server_now >= 3.9
+    assert b.remaining(SLOT) >= 4.8
+
+
+def test_a_process_does_not_hear_its_own_cooldown_as_news(pair):
+    a, _ = pair
+    heard = []
+    a.on_remote_cool = lambda slot, seconds: heard.append(slot)
+    a.cool(SLOT, 3.0)
+    assert a.sync() and a.sync()
+    assert heard == []
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 2), st.floats(0.5, 30.0)), min_size=1, max_size=8))
+def test_the_shared_cooldown_is_the_longest_anyone_asked_for(redis_server, cools):
+    key = f"prop-{time.monotonic_ns()}"
+    boards = [board(redis_server.url, key) for _ in range(3)]
+    try:
+        start = float(redis_server.client().time()[0])
+        for index, seconds in cools:
+            boards[index].cool(SLOT, seconds)
+            boards[index].sync()
+        until = redis_server.client().zscore(f"{key}:cooldown", SLOT)
+        longest = max(seconds for _, seconds in cools)
+        assert start + longest - 0.5 <= until <= start + longest + 1.5
+        for each in boards:
+            assert each.sync()
+            assert each.remaining(SLOT) >= longest - 1.0
+    finally:
+        for each in boards:
+            each.stop()
+
+
+def test_an_open_circuit_holds_the_fleet_and_a_success_anywhere_closes_it(pair):
+    a, b = pair
+    changes = []
+    b.on_remote_circuit = lambda slot, opened: changes.append((slot, opened))
+    assert a.breaker_throttled(SLOT, sent_at=a.clock(), threshold=1, open_seconds=60.0)
+    assert a.sync() and b.sync()
+    assert b.breaker_state(SLOT) == OPEN
+    assert b.ready_at(SLOT) >= b.clock() + 59.0
+    assert a.success(SLOT, 0.1, 10.0)
+    assert a.sync() and b.sync()
+    assert b.breaker_state(SLOT) == CLOSED
+    assert b.ready_at(SLOT) == 0.0
+    assert changes == [(SLOT, True), (SLOT, False)]
+
+
+def test_a_cut_pace_is_adopted_and_split_between_the_senders(pair):
+    a, b = pair
+    rate = a.throttled(SLOT, sent_at=a.clock())
+    assert rate is not None
+    assert a.sync() and b.sync()
+    assert b.rate(SLOT) == pytest.approx(rate)
+    # Both send to the slot: each learns it is one of two and paces at half.
+    a.released(SLOT)
+    b.released(SLOT)
+    for _ in range(2):
+        assert a.sync() and b.sync()
+    assert a.share(SLOT) == b.share(SLOT) == 2.0
+    b.released(SLOT)
+    assert b.ready_at(SLOT) - b.clock() == pytest.approx(2.0 / rate, abs=0.05)
+
+
+def test_a_process_that_stops_leaves_the_sender_count(pair, redis_server, prefix):
+    a, b = pair
+    a.throttled(SLOT, sent_at=a.clock())
+    a.released(SLOT)
+    b.cool(SLOT, 0.0)
+    b.released(SLOT)
+    assert a.sync() and b.sync() and a.sync()
+    assert redis_server.client().zcard(f"{prefix}:active:{SLOT}") == 2
+    a.stop()
+    assert redis_server.client().zcard(f"{prefix}:active:{SLOT}") == 1
+
+
+def test_unreachable_at_start_is_an_error_naming_the_url():
+    require_redis()
+    url = f"redis://:secret@127.0.0.1:{free_port()}/0"
+    started = time.monotonic()
+    with pytest.raises(RedisBoardUnavailable, match=r"RETRY_AFTER_REDIS_URL redis://\*\*\*@127\.0\.0\.1:\d+/0 is unreachable.*RETRY_AFTER_REDIS_FALLBACK") as error:
+        RedisBoard(RedisConfig(url=url, params={})).connect()
+    assert "secret" not in str(error.value)
+    assert time.monotonic() - started < 1.5
+
+
+def test_unreachable_at_start_with_fallback_runs_on_the_local_board():
+    require_redis()
+    config = RedisConfig(url=f"redis://127.0.0.1:{free_port()}/0", params={}, fallback=True)
+    local = RedisBoard(config)
+    lost = []
+    local.on_lost = lost.append
+    assert local.connect() is False
+    assert local.lost and len(lost) == 1
+    local.cool(SLOT, 2.0)
+    assert 1.9 <= local.remaining(SLOT) <= 2.0
+
+
+def test_redis_lost_then_back_warns_once_and_republishes_local_cooldowns(own_redis, prefix):
+    a = board(own_redis.url, prefix)
+    lost, back = [], []
+    a.on_lost = lost.append
+    a.on_back = back.append
+    try:
+        a.cool(SLOT, 30.0)
+        assert a.sync()
+        own_redis.kill()
+        started = time.monotonic()
+        a.cool("second.example", 30.0)
+        assert not a.sync()
+        assert time.monotonic() - started < 1.5
+        assert a.lost and len(lost) == 1
+        a.cool("third.example", 30.0)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            a.tick()
+            time.sleep(0.05)
+        assert len(lost) == 1
+        assert a.remaining("second.example") > 25
+        own_redis.start()
+        deadline = time.monotonic() + 10
+        while a.lost and time.monotonic() < deadline:
+            a.tick()
+            time.sleep(0.05)
+        assert not a.lost
+        assert back and back[0] >= 3
+        scores = own_redis.client().zrange(f"{prefix}:cooldown", 0, -1)
+        assert set(scores) == {SLOT, "second.example", "third.example"}
+    finally:
+        a.stop()
