@@ -24,7 +24,7 @@ from .jobstate import STATE_FILE, load_board, save_board
 from .parking import Parking
 from .settings import Config, load_config
 from .tally import SlotTally
-from .timers import call_later, looping_call
+from .timers import call_from_thread, call_later, looping_call
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -55,7 +55,7 @@ class RetryAfterExtension:
         self.crawler = crawler
         self.config = config
         self.clock = clock
-        self.board = CooldownBoard(clock=clock)
+        self.board = self._make_board(config, clock)
         self.tally = SlotTally()
         self.codes = config.all_codes
         """Every status some slot treats as a throttle (a cheap first filter)."""
@@ -63,6 +63,7 @@ class RetryAfterExtension:
         self._timer: Any = None
         self._timer_at = float("inf")
         self._sweeper: Any = None
+        self._syncer: Any = None
         self.queue_holds_slots = False
         """Set by CooldownAwarePriorityQueue: cooling slots wait in the scheduler."""
         self.held_counters: list[Any] = []
@@ -96,6 +97,59 @@ class RetryAfterExtension:
     @classmethod
     def of(cls, crawler: Crawler) -> RetryAfterExtension:
         return cls.from_crawler(crawler)
+
+    def _make_board(self, config: Config, clock: Any) -> CooldownBoard:
+        if config.redis is None:
+            return CooldownBoard(clock=clock)
+        from .redis_board import RedisBoard
+
+        board = RedisBoard(config.redis, clock=clock, jitter=lambda slot: config.policy_for(slot).wake_jitter)
+        board.on_remote_cool = self._remote_cool
+        board.on_remote_circuit = self._remote_circuit
+        board.on_lost = self._redis_lost
+        board.on_back = self._redis_back
+        board.on_wake = self.wake_at
+        if board.connect():
+            logger.info("Sharing cooldowns through the Redis board at %s (keys %s:*)", config.redis.safe_url, config.redis.prefix)
+        return board
+
+    def _remote_cool(self, slot: str, seconds: float) -> None:
+        self.stats.inc_value("retry_after/redis/remote_cooldowns")
+        logger.info(
+            "Cooling %(slot)s %(wait).2fs: another crawler of the fleet was throttled (Redis board)",
+            {"slot": slot, "wait": seconds},
+            extra={"spider": self.crawler.spider},
+        )
+        self.send_back(slot)
+
+    def _remote_circuit(self, slot: str, opened: bool) -> None:
+        self.stats.inc_value(f"retry_after/redis/remote_circuit_{'opened' if opened else 'closed'}")
+        logger.info(
+            "Circuit %(what)s for %(slot)s by another crawler of the fleet (Redis board)",
+            {"what": "opened" if opened else "closed", "slot": slot},
+            extra={"spider": self.crawler.spider},
+        )
+        if not opened:
+            self.nudge_engine()
+
+    def _redis_lost(self, error: BaseException) -> None:
+        assert self.config.redis is not None
+        self.stats.inc_value("retry_after/redis/lost")
+        logger.warning(
+            "Redis board at %(url)s unreachable (%(error)s): this crawler goes on with its own "
+            "cooldowns and reconnects with backoff",
+            {"url": self.config.redis.safe_url, "error": error},
+            extra={"spider": self.crawler.spider},
+        )
+
+    def _redis_back(self, republished: int) -> None:
+        assert self.config.redis is not None
+        self.stats.inc_value("retry_after/redis/reconnected")
+        logger.warning(
+            "Redis board at %(url)s is back: re-published %(count)d local cooldown(s) and circuit(s)",
+            {"url": self.config.redis.safe_url, "count": republished},
+            extra={"spider": self.crawler.spider},
+        )
 
     def held(self, slot: str) -> int:
         return sum(count(slot) for count in self.held_counters)
@@ -175,6 +229,11 @@ class RetryAfterExtension:
     def _spider_opened(self, **kwargs: Any) -> None:
         self._sweeper = looping_call(self.board.sweep)
         self._sweeper.start(_SWEEP_INTERVAL, now=False)
+        if self.config.redis is not None:
+            board: Any = self.board
+            board.start(call_from_thread())
+            self._syncer = looping_call(board.tick)
+            self._syncer.start(self.config.redis.refresh / 2, now=True)
 
     def _resume(self, jobdir: str) -> None:
         restored = load_board(self.board, jobdir)
@@ -188,6 +247,9 @@ class RetryAfterExtension:
             save_board(self.board, self.jobdir)
         if self._sweeper is not None and self._sweeper.running:
             self._sweeper.stop()
+        if self._syncer is not None and self._syncer.running:
+            self._syncer.stop()
+            self.board.stop()  # type: ignore[attr-defined]
         if self._timer is not None:
             self._timer.cancel()
         self._timer = None

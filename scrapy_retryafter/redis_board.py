@@ -21,6 +21,7 @@ heartbeats in the same round trip.
 from __future__ import annotations
 
 import collections
+import math
 import os
 import queue
 import random
@@ -44,6 +45,10 @@ CIRCUIT_MEMORY = 3600
 """Seconds an expired circuit stays listed, so it reads as half-open, not closed."""
 _SAME = 0.05
 """A remote time this close to the local one is our own write coming back."""
+LEASE_AHEAD = 3
+"""Refresh periods of paced sends a process books ahead (so it never idles between exchanges)."""
+_WANT_MEMORY = 1.0
+"""Seconds a slot's last request for sends counts: an emptied queue stops booking."""
 _BACKOFF_MIN = 0.25
 _BACKOFF_MAX = 5.0
 
@@ -54,20 +59,43 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local me, active_prefix = ARGV[1], ARGV[2]
 local window, nwrites, since = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local i = 6
+local nclaims, horizon = tonumber(ARGV[6]), tonumber(ARGV[7])
+local i = 8
+local news = 0
 for _ = 1, nwrites do
   local kind, slot, value = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   if kind == 'cool' then
-    redis.call('ZADD', KEYS[1], 'GT', now + tonumber(value), slot)
+    news = news + redis.call('ZADD', KEYS[1], 'GT', 'CH', now + tonumber(value), slot)
   elseif kind == 'open' then
-    redis.call('ZADD', KEYS[2], 'GT', now + tonumber(value), slot)
+    news = news + redis.call('ZADD', KEYS[2], 'GT', 'CH', now + tonumber(value), slot)
   elseif kind == 'close' then
-    redis.call('ZREM', KEYS[2], slot)
+    news = news + redis.call('ZREM', KEYS[2], slot)
   elseif kind == 'rate' then
     redis.call('HSET', KEYS[3], slot, value .. ' ' .. me .. ' ' .. string.format('%.6f', now))
   elseif kind == 'leave' then
     redis.call('ZREM', active_prefix .. slot, me)
   end
+  i = i + 3
+end
+if news > 0 then
+  redis.call('PUBLISH', KEYS[4], me)  -- the others exchange now rather than at their next refresh
+end
+-- Paced slots: hand out send times one fleet interval apart (GCRA), never
+-- inside the slot's cooldown, at most ``horizon`` seconds ahead.
+local leases = {}
+for _ = 1, nclaims do
+  local slot, want, rate = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+  local key = active_prefix .. slot .. ':next'
+  local t = math.max(now, tonumber(redis.call('GET', key) or '0'), tonumber(redis.call('ZSCORE', KEYS[1], slot) or '0'))
+  local granted = {}
+  for n = 1, want do
+    if n > 1 and t > now + horizon then break end
+    granted[#granted + 1] = tostring(t - now)
+    t = t + 1 / rate
+  end
+  redis.call('SET', key, tostring(t), 'EX', 60)
+  leases[#leases + 1] = slot
+  leases[#leases + 1] = table.concat(granted, ' ')
   i = i + 3
 end
 local counts = {}
@@ -94,7 +122,7 @@ for k = 1, #all, 2 do
     rates[#rates + 1] = all[k + 1]
   end
 end
-return {cooling, circuits, rates, counts, string.format('%.6f', now)}
+return {cooling, circuits, rates, counts, leases, string.format('%.6f', now)}
 """.replace("CIRCUIT_MEMORY", str(CIRCUIT_MEMORY))
 
 
@@ -145,19 +173,29 @@ class RedisBoard(CooldownBoard):
         self.process_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.client = client if client is not None else redis_client(config)
         prefix = config.prefix
-        self._keys = [f"{prefix}:cooldown", f"{prefix}:circuit", f"{prefix}:rate"]
+        self._keys = [f"{prefix}:cooldown", f"{prefix}:circuit", f"{prefix}:rate", f"{prefix}:news"]
         self._active_prefix = f"{prefix}:active:"
         self._script = self.client.register_script(EXCHANGE)
         self._writes: Writes = {}
         self._active: dict[str, float] = {}
         self._shares: dict[str, int] = {}
         self._opened_at: dict[str, float] = {}
+        self._leases: dict[str, collections.deque[float]] = {}
+        """Send times the fleet granted this process, per paced slot (local clock)."""
+        self._want: dict[str, tuple[int, float]] = {}
+        self._published: dict[str, float] = {}
+        """The last pace this process wrote or adopted, per slot."""
         self._rates_since = 0.0
-        self._jobs: queue.SimpleQueue[tuple[Writes, list[str], float, float] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[Writes, list[str], list[str], float, float] | None] = queue.SimpleQueue()
         self._answers: collections.deque[tuple[Writes, float, Any, float, BaseException | None]] = collections.deque()
         self._busy = False
         self._last_job = -float("inf")
         self._thread: threading.Thread | None = None
+        self._listener: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._call_soon: Callable[[Callable[[], None]], Any] | None = None
+        """Runs a call on the crawl's loop from another thread (None outside a running crawl)."""
+        self._again = False
         self.lost = False
         self._backoff = 0.0
         self._retry_at = 0.0
@@ -165,6 +203,8 @@ class RedisBoard(CooldownBoard):
         self.on_remote_circuit: Callable[[str, bool], None] = lambda slot, opened: None
         self.on_lost: Callable[[BaseException], None] = lambda error: None
         self.on_back: Callable[[int], None] = lambda republished: None
+        self.on_wake: Callable[[float], None] = lambda when: None
+        """A granted send time: the queue should look again then."""
 
     # -- connection ---------------------------------------------------------
 
@@ -185,10 +225,17 @@ class RedisBoard(CooldownBoard):
             return False
         return True
 
-    def start(self) -> None:
+    def start(self, call_soon: Callable[[Callable[[], None]], Any] | None = None) -> None:
+        """Start the worker; with ``call_soon`` (the loop's call-from-thread), answers and
+        the fleet's news are handled the moment they arrive, not at the next tick."""
         if self._thread is None:
+            self._call_soon = call_soon
+            self._stopping.clear()
             self._thread = threading.Thread(target=self._work, name="retry-after-redis", daemon=True)
             self._thread.start()
+            if call_soon is not None:
+                self._listener = threading.Thread(target=self._listen, name="retry-after-redis-news", daemon=True)
+                self._listener.start()
 
     def stop(self) -> None:
         """Send what is left to send (and leave the slots' sender counts), then end the worker."""
@@ -199,9 +246,13 @@ class RedisBoard(CooldownBoard):
             for slot in self._active:
                 self._writes[("leave", slot)] = "0"
             self._send_job(heartbeat=False)
+        self._stopping.set()
         self._jobs.put(None)
         self._thread.join(timeout=2 * self.redis_config.timeout + 0.5)
-        self._thread = None
+        if self._listener is not None:
+            self._listener.join(timeout=2 * self.redis_config.timeout + 0.5)
+        self._thread = self._listener = None
+        self._call_soon = None
         self._apply_answers()
 
     @property
@@ -214,7 +265,7 @@ class RedisBoard(CooldownBoard):
         """Fold in the worker's answers; start the next exchange when one is due."""
         self._apply_answers()
         now = self.clock()
-        if self._busy or now - self._last_job < self.redis_config.refresh:
+        if self._busy or (now - self._last_job < self.redis_config.refresh and not self._again):
             return
         if self.lost and now < self._retry_at:
             return
@@ -237,8 +288,7 @@ class RedisBoard(CooldownBoard):
 
     def _kick(self) -> None:
         """An event: send it now rather than at the next refresh."""
-        if not self._busy and not self.lost:
-            self._send_job()
+        self._news()
 
     def _write(self, kind: str, slot: str, value: float | str) -> None:
         key = (kind, slot)
@@ -263,9 +313,29 @@ class RedisBoard(CooldownBoard):
                     self._shares.pop(slot, None)
                 else:
                     active.append(slot)
+        claims: list[str] = []
+        if heartbeat and not self.lost:
+            claims = self._claims(now)
         self._busy = True
+        self._again = False
         self._last_job = now
-        self._jobs.put((writes, active, self._rates_since, now))
+        self._jobs.put((writes, claims, active, self._rates_since, now))
+
+    def _claims(self, now: float) -> list[str]:
+        """(slot, how many, rate) for each paced slot that will run out of granted sends."""
+        claims: list[str] = []
+        for slot, (held, asked) in list(self._want.items()):
+            state = self._slots.get(slot)
+            if state is None or state.pace is None or (now - asked > _WANT_MEMORY and now >= state.cooldown_until):
+                del self._want[slot]
+                continue
+            rate = state.pace.rate
+            ahead = max(1, math.ceil(rate / self.share(slot) * LEASE_AHEAD * self.redis_config.refresh))
+            have = len(self._leases.get(slot, ()))
+            want = min(held, ahead) - have
+            if want > 0:
+                claims += [slot, str(want), repr(rate)]
+        return claims
 
     def _snapshot(self, now: float) -> Writes:
         """This process's cooldowns and open circuits, to publish again after an outage."""
@@ -282,10 +352,12 @@ class RedisBoard(CooldownBoard):
             job = self._jobs.get()
             if job is None:
                 return
-            writes, active, since, sent = job
+            writes, claims, active, since, sent = job
             args: list[Any] = [self.process_id, self._active_prefix, ACTIVE_WINDOW, len(writes), repr(since)]
+            args += [len(claims) // 3, repr(LEASE_AHEAD * self.redis_config.refresh)]
             for (kind, slot), value in writes.items():
                 args += [kind, slot, value]
+            args += claims
             args += active
             try:
                 answer = self._script(keys=self._keys, args=args)
@@ -293,6 +365,40 @@ class RedisBoard(CooldownBoard):
                 self._answers.append((writes, sent, None, self.clock(), error))
             else:
                 self._answers.append((writes, sent, answer, self.clock(), None))
+            call_soon = self._call_soon
+            if call_soon is not None:
+                call_soon(self._answered)
+
+    def _answered(self) -> None:
+        self._apply_answers()
+        if self._again and not self._busy and not self.lost:
+            self._again = False
+            self._send_job()
+
+    def _news(self) -> None:
+        """An event here, or news from the fleet: exchange now (after the one in flight)."""
+        if self._busy:
+            self._again = True
+        elif not self.lost:
+            self._send_job()
+
+    def _listen(self) -> None:
+        """Wait for the fleet's news on a connection of its own (one per process)."""
+        channel = self._keys[3]
+        while not self._stopping.is_set():
+            try:
+                pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(channel)
+                while not self._stopping.is_set():
+                    message = pubsub.get_message(timeout=0.2)
+                    if message is None:
+                        continue
+                    sender = message["data"].decode() if isinstance(message["data"], bytes) else str(message["data"])
+                    call_soon = self._call_soon
+                    if sender != self.process_id and call_soon is not None:
+                        call_soon(self._news)
+            except Exception:  # lost: the exchanges notice and report it; listen again later
+                self._stopping.wait(_BACKOFF_MAX / 2)
 
     def _apply_answers(self) -> None:
         while self._answers:
@@ -317,7 +423,7 @@ class RedisBoard(CooldownBoard):
         self._retry_at = self.clock() + self._backoff * (0.5 + self.rng.random() / 2)
 
     def _merge(self, answer: Any, sent: float, got: float) -> None:
-        cooling, circuits, rates, counts, _server_now = answer
+        cooling, circuits, rates, counts, leases, _server_now = answer
         now = self.clock()
         for slot, remaining in _pairs(cooling):
             self._remote_cooldown(slot, got + float(remaining) - now)
@@ -339,15 +445,39 @@ class RedisBoard(CooldownBoard):
             rate, who, at = value.split(" ")
             self._rates_since = max(self._rates_since, float(at))
             if who != self.process_id:
-                self._adopt_rate(slot, float(rate), now)
+                number, _, kind = rate.partition(":")
+                self._adopt_rate(slot, float(number), now, cut=kind == "cut")
         for slot, count in _pairs(counts):
             self._shares[slot] = max(1, int(count))
+        for slot, times in _pairs(leases):
+            state = self._slots.get(slot)
+            if state is None or state.pace is None or not times:
+                continue
+            granted = self._leases.setdefault(slot, collections.deque())
+            # A claim that crossed this process's own throttle on the way may fall inside the cooldown.
+            granted.extend(t for t in (got + float(offset) for offset in times.split(" ")) if t >= state.cooldown_until)
+            if granted:
+                state.next_paced = granted[0]
+                self.on_wake(granted[0])
+
+    def _pace_after_cooldown(self, slot: str) -> None:
+        """Drop granted sends the cooldown overtook; start the fleet's paced senders apart."""
+        state = self._slots[slot]
+        granted = self._leases.get(slot)
+        while granted and granted[0] < state.cooldown_until:
+            granted.popleft()
+        if state.pace is not None:
+            spread = self.rng.random() * self.share(slot) / state.pace.rate
+            if not self.lost:
+                spread += LEASE_AHEAD * self.redis_config.refresh  # a granted time comes first
+            state.next_paced = granted[0] if granted else state.cooldown_until + spread
 
     def _remote_cooldown(self, slot: str, seconds: float) -> None:
         state = self._slots.get(slot)
         if state is not None and self.clock() + seconds <= state.cooldown_until + _SAME:
             return  # ours, or no longer than ours
         if CooldownBoard.cool(self, slot, seconds, self.jitter(slot)):
+            self._pace_after_cooldown(slot)
             self.on_remote_cool(slot, seconds)
 
     def _remote_circuit(self, slot: str, until: float, now: float) -> None:
@@ -367,15 +497,23 @@ class RedisBoard(CooldownBoard):
             if was_closed:
                 self.on_remote_circuit(slot, True)
 
-    def _adopt_rate(self, slot: str, rate: float, now: float) -> None:
-        """Take another process's cut as if it were ours: same rate, and the cubic curve restarts here."""
+    def _adopt_rate(self, slot: str, rate: float, now: float, cut: bool) -> None:
+        """Follow the fleet's pace: a cut restarts the cubic curve here, growth is taken as is.
+
+        Every process grows the one fleet rate from its own successes, as one
+        crawler would from all of them.
+        """
         state = self._state(slot)
         if state.pace is None:
             state.pace = RateController()
         pace = state.pace
-        pace.rate = rate / pace.beta
-        pace.starting = False
-        pace.throttled(0.0, now)
+        if cut:
+            pace.rate = rate / pace.beta
+            pace.starting = False
+            pace.throttled(0.0, now)
+        else:
+            pace.rate = rate
+        self._published[slot] = pace.rate
         state.last_seen = now
 
     def _state(self, slot: str) -> SlotState:
@@ -389,6 +527,7 @@ class RedisBoard(CooldownBoard):
     def cool(self, slot: str, seconds: float, wake_jitter: float = 0.0) -> float:
         added = super().cool(slot, seconds, wake_jitter)
         if added:
+            self._pace_after_cooldown(slot)
             self._write("cool", slot, self._slots[slot].cooldown_until - self.clock())
             self._kick()
         return added
@@ -413,7 +552,17 @@ class RedisBoard(CooldownBoard):
         state = self._slots.get(slot)
         probing = state is not None and state.breaker is not None and state.breaker.probing
         super().released(slot)
-        self._active[slot] = self.clock()
+        now = self.clock()
+        self._active[slot] = now
+        if state is not None and state.pace is not None:
+            granted = self._leases.get(slot)
+            while granted and granted[0] <= now + 0.001:
+                granted.popleft()  # the one just used, and any that went by unused
+            if self.lost:
+                self._leases.pop(slot, None)  # paced on this process's share alone
+            else:
+                wait = max(self.share(slot) / state.pace.rate, LEASE_AHEAD * self.redis_config.refresh)
+                state.next_paced = granted[0] if granted else now + wait
         if state is not None and state.breaker is not None and state.breaker.probing and not probing:
             # This process sends the probe: the rest of the fleet holds meanwhile.
             self._opened_at[slot] = self.clock()
@@ -421,17 +570,29 @@ class RedisBoard(CooldownBoard):
             self._kick()
 
     def ready_at(self, slot: str, held: int = 1) -> float:
-        if slot in self._slots:
-            self._active[slot] = self.clock()
+        state = self._slots.get(slot)
+        if state is not None:
+            now = self.clock()
+            self._active[slot] = now
+            if state.pace is not None:
+                self._want[slot] = (held, now)
         return super().ready_at(slot, held)
 
     def throttled(self, slot: str, sent_at: float, beta: float = 0.7) -> float | None:
         rate = super().throttled(slot, sent_at, beta)
         if rate is not None:
             self._active[slot] = self.clock()
-            self._write("rate", slot, repr(rate))
+            self._published[slot] = rate
+            self._write("rate", slot, f"{rate!r}:cut")
             self._kick()
         return rate
+
+    def succeeded(self, slot: str) -> None:
+        super().succeeded(slot)
+        rate = self.rate(slot)
+        if rate is not None and abs(rate - self._published.get(slot, 0.0)) > 0.01 * rate:
+            self._published[slot] = rate
+            self._write("rate", slot, f"{rate!r}:grow")  # sent with the next refresh
 
     def share(self, slot: str) -> float:
         return float(self._shares.get(slot, 1))

@@ -17,7 +17,7 @@ except ImportError:  # pragma: no cover - Scrapy 2.13
     _call_later = None
     _looping_call = None
 
-__all__ = ["call_later", "looping_call", "sleep"]
+__all__ = ["call_from_thread", "call_later", "looping_call", "sleep"]
 
 
 def call_later(delay: float, func: Callable[[], object]) -> Any:
@@ -36,6 +36,25 @@ def looping_call(func: Callable[[], object]) -> Any:
     from twisted.internet import task
 
     return task.LoopingCall(func)
+
+
+def call_from_thread() -> Callable[[Callable[[], object]], Any] | None:
+    """What another thread calls to run a function on the running crawl's loop.
+
+    Call it from the loop's own thread (a signal handler, say); None when no
+    loop runs there.
+    """
+    import sys
+
+    reactor = sys.modules.get("twisted.internet.reactor")
+    if reactor is not None and getattr(reactor, "running", False):
+        return reactor.callFromThread  # type: ignore[no-any-return]
+    import asyncio
+
+    try:
+        return asyncio.get_running_loop().call_soon_threadsafe
+    except RuntimeError:
+        return None
 
 
 async def sleep(seconds: float) -> None:

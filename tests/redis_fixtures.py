@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
-import time
 import uuid
 from pathlib import Path
 
 import pytest
+
+from scrapy_retryafter.testing.redis_server import RedisServer, free_port
+
+__all__ = ["RedisServer", "free_port", "own_redis", "prefix", "redis_server", "require_redis"]
 
 
 def require_redis() -> None:
@@ -31,61 +32,6 @@ def require_redis() -> None:
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class RedisServer:
-    """One redis-server process; kill() and start() again on the same port to play an outage."""
-
-    def __init__(self, workdir: Path, appendonly: bool = False) -> None:
-        self.port = free_port()
-        self.workdir = workdir
-        self.appendonly = appendonly
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisServer:
-        self.process = subprocess.Popen(
-            [
-                "redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always",
-                "--dir", str(self.workdir), "--daemonize", "no", "--loglevel", "warning",
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.ping():
-                return self
-            time.sleep(0.02)
-        raise RuntimeError(f"redis-server did not start on port {self.port}")
-
-    def ping(self) -> bool:
-        import redis
-
-        try:
-            return bool(redis.Redis(port=self.port, socket_timeout=0.2, socket_connect_timeout=0.2).ping())
-        except redis.RedisError:
-            return False
-
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
-
-    def client(self):  # type: ignore[no-untyped-def]
-        import redis
-
-        return redis.Redis(port=self.port, decode_responses=True)
 
 
 @pytest.fixture(scope="session")

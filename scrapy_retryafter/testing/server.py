@@ -81,6 +81,8 @@ class Arrival:
     headers: dict[str, str] = field(default_factory=dict)
     failure: str | None = None
     """"reset" or "timeout" when the attempt was failed without an answer."""
+    retry_after: str | None = None
+    """The Retry-After the server answered with."""
 
 
 class Host:
@@ -230,14 +232,14 @@ class _Resource(resource.Resource):
             status, wait = int(failure), None
         else:
             status, wait = host.admit(now)
-        srv.log.append(Arrival(now, host.address, request.method.decode(), path, status, headers))
         wall = time.time() + host.config.clock_skew
+        value = host.retry_after_header(wait, wall)
+        srv.log.append(Arrival(now, host.address, request.method.decode(), path, status, headers, retry_after=value))
         request.setResponseCode(status)
         request.setHeader(b"Date", formatdate(math.floor(wall), usegmt=True).encode())
         request.setHeader(b"Content-Type", b"text/html; charset=utf-8")
         if not host.config.keep_alive:
             request.setHeader(b"Connection", b"close")
-        value = host.retry_after_header(wait, wall)
         if value is not None:
             request.setHeader(b"Retry-After", value.encode("latin-1"))
         for name, text in host.ratelimit_headers(now, wall).items():
