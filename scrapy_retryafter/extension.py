@@ -55,11 +55,11 @@ class RetryAfterExtension:
         self.crawler = crawler
         self.config = config
         self.clock = clock
+        self.stats = crawler.stats
         self.board = self._make_board(config, clock)
         self.tally = SlotTally()
         self.codes = config.all_codes
         """Every status some slot treats as a throttle (a cheap first filter)."""
-        self.stats = crawler.stats
         self._timer: Any = None
         self._timer_at = float("inf")
         self._sweeper: Any = None
@@ -232,6 +232,7 @@ class RetryAfterExtension:
         if self.config.redis is not None:
             board: Any = self.board
             board.start(call_from_thread())
+            board.sync(timeout=2 * self.config.redis.timeout)  # know the fleet's cooldowns before the first request
             self._syncer = looping_call(board.tick)
             self._syncer.start(self.config.redis.refresh / 2, now=True)
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 import pytest_twisted
 from scrapy import Request
-from scrapy.utils.defer import deferred_from_coro
+from twisted.internet import defer
 
 from scrapy_retryafter.redis_board import RedisBoardUnavailable
-from scrapy_retryafter.testing.fleet import Member, run_fleet, sends_inside_cooldowns
+from scrapy_retryafter.testing.fleet import Member, pause, run_fleet, sends_inside_cooldowns
 from scrapy_retryafter.testing.server import HostConfig
-from scrapy_retryafter.timers import sleep
 
 from .conftest import ADDON, crawl
 from .redis_fixtures import free_port, own_redis, prefix, redis_server, require_redis  # noqa: F401
@@ -53,3 +52,77 @@ async def test_two_processes_on_one_board_take_far_fewer_429s_and_hold_together(
     assert inside == [], [(t.headers["user-agent"], t.t, a.headers["user-agent"], a.t - t.t, a.status) for t, a in inside]
     assert any(member.stats.get("retry_after/redis/remote_cooldowns") for member in shared)
     assert all("Sharing cooldowns through the Redis board" in member.log for member in shared)
+
+
+@pytest_twisted.ensureDeferred
+async def test_redis_killed_mid_crawl_and_restarted_every_process_finishes_every_page(server, own_redis, prefix):
+    host = server.add_host(HostConfig(rate=10, penalty=2.0))
+    server.start()
+    members = fleet(
+        split(host, 80),
+        {"RETRY_AFTER_REDIS_URL": own_redis.url, "RETRY_AFTER_REDIS_PREFIX": prefix, "LOG_LEVEL": "INFO"},
+    )
+    running = defer.ensureDeferred(run_fleet(members, start_delay=3.0))
+    await pause(4.5)
+    own_redis.kill()
+    await pause(2.0)
+    own_redis.start()
+    await running
+    fetched_everything(members)
+    for member in members:
+        assert member.log.count("unreachable") == 1, member.log[-3000:]
+        assert member.log.count("is back: re-published") == 1, member.log[-3000:]
+        assert member.stats["retry_after/redis/lost"] == 1
+        assert member.stats["retry_after/redis/reconnected"] == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_unreachable_redis_stops_the_crawl_at_start_naming_the_url(server):
+    require_redis()
+    host = server.add_host()
+    server.start()
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    with pytest.raises(RedisBoardUnavailable, match=f"RETRY_AFTER_REDIS_URL {url} is unreachable"):
+        await crawl([Request(host.url("/"))], {**ADDON, "RETRY_AFTER_REDIS_URL": url})
+    assert server.arrivals(host) == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_fallback_crawls_on_the_local_board_when_redis_is_down_at_start(server):
+    require_redis()
+    host = server.add_host(HostConfig(reject_first=1, penalty=1.0))
+    server.start()
+    settings = {**ADDON, "RETRY_AFTER_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "RETRY_AFTER_REDIS_FALLBACK": True}
+    crawler = await crawl([Request(host.url("/a"))], settings)
+    assert crawler.spider.seen == [(host.url("/a"), 200)]
+    assert crawler.stats.get_value("retry_after/redis/lost") == 1
+    assert [a.status for a in server.arrivals(host)] == [429, 200]
+
+
+@pytest_twisted.ensureDeferred
+async def test_scrapy_redis_redis_url_is_used_when_no_board_url_is_given(server, redis_server, prefix):
+    host = server.add_host(HostConfig(reject_first=1, penalty=1.0))
+    server.start()
+    settings = {**ADDON, "REDIS_URL": redis_server.url, "RETRY_AFTER_REDIS_PREFIX": prefix}
+    crawler = await crawl([Request(host.url("/a"))], settings)
+    assert crawler.spider.seen == [(host.url("/a"), 200)]
+    assert redis_server.client().exists(f"{prefix}:cooldown") == 0  # expired and swept
+    assert crawler.stats.get_value("retry_after/throttled") == 1
+    assert "retry_after/redis/lost" not in crawler.stats.get_stats()
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_crawlers_hold_each_others_cooldown(server, redis_server, prefix):
+    # In one process, two crawls with boards of their own meet only through Redis.
+    host = server.add_host(HostConfig(reject_first=1, penalty=2.0))
+    server.start()
+    settings = {**ADDON, "RETRY_AFTER_REDIS_URL": redis_server.url, "RETRY_AFTER_REDIS_PREFIX": prefix}
+    first = defer.ensureDeferred(crawl([Request(host.url("/first"))], {**settings, "USER_AGENT": "first"}))
+    await pause(0.5)
+    second = await crawl([Request(host.url(f"/second/{i}")) for i in range(3)], {**settings, "USER_AGENT": "second"})
+    await first
+    throttle = server.arrivals(host, status=429)[0]
+    seconds = [a for a in server.arrivals(host) if a.headers.get("user-agent") == "second"]
+    assert len(seconds) == 3, [(a.t - throttle.t, a.status, a.retry_after, a.path) for a in server.arrivals(host)]
+    assert all(a.t >= throttle.t + 2.0 for a in seconds)
+    assert second.stats.get_value("retry_after/redis/remote_cooldowns") == 1
