@@ -43,7 +43,8 @@ class Addon:
         self._replace_retry_middleware(settings)
         # Every retry is then made with backoff, idempotency and the deadline (RETRY_AFTER_ALL_RETRIES).
         settings.setdefault("RETRY_AFTER_ALL_RETRIES", True, "addon")
-        self._install_queue(settings)
+        if not self._scrapy_redis_scheduler(settings):
+            self._install_queue(settings)
         self._keep_throttles_out_of_cache(settings)
 
     @staticmethod
@@ -62,6 +63,22 @@ class Addon:
                     settings.set("DOWNLOADER_MIDDLEWARES", middlewares, settings.getpriority("DOWNLOADER_MIDDLEWARES") or 0)
                     settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", RetryMiddleware, priority)
                     return
+
+    @staticmethod
+    def _scrapy_redis_scheduler(settings: BaseSettings) -> bool:
+        """scrapy-redis's scheduler never builds SCHEDULER_PRIORITY_QUEUE: say what holds instead."""
+        scheduler = settings.get("SCHEDULER")
+        name = scheduler if isinstance(scheduler, str) else getattr(scheduler, "__module__", "")
+        if not name.startswith("scrapy_redis."):
+            return False
+        board = "a shared Redis board" if load_config(settings).redis is not None else "a per-process board"
+        logger.warning(
+            "scrapy-retryafter: the scrapy-redis scheduler ignores SCHEDULER_PRIORITY_QUEUE, so a cooling "
+            "slot's requests wait in the downloader, not in the frontier; cooldowns, pacing and the breaker "
+            "still apply through %s",
+            board,
+        )
+        return True
 
     @staticmethod
     def _install_queue(settings: BaseSettings) -> None:
