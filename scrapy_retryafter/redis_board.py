@@ -474,11 +474,11 @@ class RedisBoard(CooldownBoard):
 
     def _remote_cooldown(self, slot: str, seconds: float) -> None:
         state = self._slots.get(slot)
-        if state is not None and self.clock() + seconds <= state.cooldown_until + _SAME:
-            return  # ours, or no longer than ours
+        known = state.cooldown_until if state is not None else 0.0
         if CooldownBoard.cool(self, slot, seconds, self.jitter(slot)):
             self._pace_after_cooldown(slot)
-            self.on_remote_cool(slot, seconds)
+            if self.clock() + seconds > known + _SAME:  # not our own write coming back a little later
+                self.on_remote_cool(slot, seconds)
 
     def _remote_circuit(self, slot: str, until: float, now: float) -> None:
         if until <= now:

@@ -80,7 +80,9 @@ async def run_fleet(members: list[Member], timeout: float = 120.0, start_delay: 
         log = workdir / f"{member.name}.log"
         command = [
             sys.executable, "-m", "scrapy_retryafter.testing.fleet", member.name, str(urls), str(start_at),
-            json.dumps(member.settings), str(report), str(log),
+            # Each process parks in a file of its own: one park file takes one run at a time.
+            json.dumps({"RETRY_AFTER_PARK_FILE": str(workdir / f"{member.name}.parked.jsonl"), **member.settings}),
+            str(report), str(log),
         ]
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
         running.append((member, process, report, log))
