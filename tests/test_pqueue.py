@@ -1,0 +1,228 @@
+"""CooldownAwarePriorityQueue against Scrapy's own DownloaderAwarePriorityQueue.
+
+Both queues run on one real crawler and its real downloader; downloads in
+flight are real downloader slots holding requests, as the engine leaves them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from scrapy import Request, Spider
+from scrapy.core.downloader import Slot
+from scrapy.pqueues import DownloaderAwarePriorityQueue
+from scrapy.squeues import FifoMemoryQueue
+from scrapy.utils.test import get_crawler
+
+from scrapy_retryafter import CooldownAwarePriorityQueue
+from scrapy_retryafter import signals as ra_signals
+
+HOSTS = ["a.test", "b.test", "c.test", "d.test"]
+CONCURRENCY = 4
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def crawler() -> Any:
+    crawler = get_crawler(Spider, {"CONCURRENT_REQUESTS_PER_DOMAIN": CONCURRENCY})
+    crawler.engine = crawler._create_engine()
+    return crawler
+
+
+def make_queues(crawler: Any, clock: Clock | None = None) -> tuple[Any, Any]:
+    crawler.engine.downloader.slots.clear()
+    ours = CooldownAwarePriorityQueue.from_crawler(crawler, FifoMemoryQueue, "")
+    if clock is not None:
+        ours._board.clock = clock
+    theirs = DownloaderAwarePriorityQueue.from_crawler(crawler, FifoMemoryQueue, "")
+    return ours, theirs
+
+
+def start_download(crawler: Any, host: str) -> bool:
+    slots = crawler.engine.downloader.slots
+    if host not in slots:
+        slots[host] = Slot(CONCURRENCY, 0.0, 0)
+    if len(slots[host].active) >= CONCURRENCY - 1:
+        return False  # a full slot is where the two queues differ on purpose
+    slots[host].active.add(Request(f"http://{host}/in-flight/{len(slots[host].active)}"))
+    return True
+
+
+def finish_download(crawler: Any, host: str) -> None:
+    slot = crawler.engine.downloader.slots.get(host)
+    if slot is not None and slot.active:
+        slot.active.pop()
+
+
+def url(request: Request | None) -> str | None:
+    return request.url if request is not None else None
+
+
+class SameOrderAsScrapy(RuleBasedStateMachine):
+    """Random pushes, pops and downloads starting and ending, fed to both queues alike."""
+
+    crawler: Any = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ours, self.theirs = make_queues(self.crawler)
+        self.pushed = 0
+
+    @rule(host=st.sampled_from(HOSTS), priority=st.integers(-1, 1))
+    def push(self, host: str, priority: int) -> None:
+        request = Request(f"http://{host}/{self.pushed}", priority=priority)
+        self.pushed += 1
+        self.ours.push(request)
+        self.theirs.push(request)
+
+    @rule()
+    def pop(self) -> None:
+        assert url(self.ours.pop()) == url(self.theirs.pop())
+
+    @rule()
+    def peek(self) -> None:
+        assert url(self.ours.peek()) == url(self.theirs.peek())
+
+    @rule(host=st.sampled_from(HOSTS))
+    def start(self, host: str) -> None:
+        start_download(self.crawler, host)
+
+    @rule(host=st.sampled_from(HOSTS))
+    def finish(self, host: str) -> None:
+        finish_download(self.crawler, host)
+
+    @invariant()
+    def same_length(self) -> None:
+        assert len(self.ours) == len(self.theirs)
+
+    def teardown(self) -> None:
+        while len(self.theirs):
+            assert url(self.ours.pop()) == url(self.theirs.pop())
+        assert self.ours.pop() is None
+
+
+def test_with_nothing_cooling_pops_in_scrapys_order(crawler):
+    SameOrderAsScrapy.crawler = crawler
+    run_state_machine_as_test(
+        SameOrderAsScrapy, settings=settings(max_examples=500, stateful_step_count=60, deadline=None)
+    )
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        # A busy slot stepped over comes back only after the names past the last chosen.
+        "push a, push b, push b, push c, start a, pop, finish a, pop, pop, pop",
+        # Wrapping around past busy slots at the start of the names.
+        "push a, push b, push c, push c, pop, pop, start a, pop, finish a, start b, pop, pop",
+        # Everyone busy: the least busy, round-robin among equals.
+        "push a, push a, push b, push b, push c, start a, start b, start c, start c, pop, pop, pop, finish c, pop, pop",
+        "push d, push c, push b, push a, start a, start c, pop, pop, finish a, pop, pop",
+        "push a, push a, push b, push b, push c, push c, push d, push d, pop, pop, pop, pop, "
+        "start a, start d, pop, finish a, pop, pop, pop, pop",
+    ],
+)
+def test_pop_order_matches_scrapy_in_these_sequences(crawler, script):
+    ours, theirs = make_queues(crawler)
+    for n, step in enumerate(script.split(", ")):
+        op, _, host = step.partition(" ")
+        if op == "push":
+            request = Request(f"http://{host}.test/{n}")
+            ours.push(request)
+            theirs.push(request)
+        elif op == "pop":
+            assert url(ours.pop()) == url(theirs.pop()), step
+        elif op == "start":
+            start_download(crawler, f"{host}.test")
+        else:
+            finish_download(crawler, f"{host}.test")
+    assert len(ours) == len(theirs)
+
+
+def test_a_cooling_slot_waits_while_others_keep_scrapys_order(crawler):
+    clock = Clock()
+    ours, theirs = make_queues(crawler, clock)
+    for n in range(3):
+        for host in ("a.test", "b.test", "c.test"):
+            ours.push(Request(f"http://{host}/{n}"))
+            if host != "b.test":
+                theirs.push(Request(f"http://{host}/{n}"))
+    ours._board.cool("b.test", 5.0)
+    for _ in range(6):
+        assert url(ours.pop()) == url(theirs.pop())
+    assert ours.pop() is None
+    assert ours._extension._timer_at == pytest.approx(clock.now + 5.0)
+    clock.now += 5.0
+    assert [url(ours.pop()) for _ in range(4)] == [f"http://b.test/{n}" for n in range(3)] + [None]
+
+
+def test_a_closed_circuit_frees_its_slot_before_the_time_it_was_held_for(crawler):
+    clock = Clock()
+    ours, _ = make_queues(crawler, clock)
+    board = ours._board
+    ours.push(Request("http://a.test/0"))
+    ours.push(Request("http://a.test/1"))
+    assert board.breaker_throttled("a.test", clock.now, threshold=1, open_seconds=60.0)
+    assert ours.pop() is None
+    assert board.success("a.test", 0.1, 10.0)
+    crawler.signals.send_catch_log(ra_signals.circuit_closed, slot="a.test")
+    assert url(ours.pop()) == "http://a.test/0"
+
+
+def test_a_full_downloader_slot_gives_way_to_one_with_room(crawler):
+    ours, _ = make_queues(crawler)
+    ours.push(Request("http://a.test/0"))
+    ours.push(Request("http://b.test/0"))
+    slot = crawler.engine.downloader.slots["a.test"] = Slot(1, 0.0, 0)
+    slot.active.add(Request("http://a.test/in-flight"))
+    finish_download(crawler, "b.test")
+    assert url(ours.pop()) == "http://b.test/0"
+    assert ours.pop() is None
+    slot.active.clear()
+    assert url(ours.pop()) == "http://a.test/0"
+
+
+class CountingBoard:
+    """The crawl's board, counting how often the queue asks it about a slot."""
+
+    def __init__(self, board: Any) -> None:
+        self.board = board
+        self.asked = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.board, name)
+
+    def __contains__(self, slot: str) -> bool:
+        return slot in self.board
+
+    def ready_at(self, slot: str, held: int = 1) -> float:
+        self.asked += 1
+        return self.board.ready_at(slot, held)
+
+
+def test_a_pop_does_not_look_at_every_cooling_slot(crawler):
+    clock = Clock()
+    ours, _ = make_queues(crawler, clock)
+    counting = ours._board = CountingBoard(ours._board)
+    for n in range(1000):
+        ours.push(Request(f"http://h{n:04d}.test/0"))
+        if n % 10:
+            counting.cool(f"h{n:04d}.test", 30.0)
+    popped = [url(ours.pop()) for _ in range(101)]
+    assert popped == [f"http://h{n:04d}.test/0" for n in range(0, 1000, 10)] + [None]
+    # Each cooling slot is looked at once and then waits in the heap.
+    assert counting.asked <= 900 + 100
+    asked = counting.asked
+    assert ours.pop() is None
+    assert counting.asked == asked
