@@ -18,7 +18,9 @@ from scrapy.pqueues import DownloaderAwarePriorityQueue
 from scrapy.squeues import FifoMemoryQueue
 from scrapy.utils.test import get_crawler
 
-from scrapy_retryafter import CooldownAwarePriorityQueue
+from scrapy_retryafter import CooldownAwarePriorityQueue, pqueue
+from scrapy_retryafter.board import CooldownBoard
+from scrapy_retryafter.extension import RetryAfterExtension
 from scrapy_retryafter import signals as ra_signals
 
 HOSTS = ["a.test", "b.test", "c.test", "d.test"]
@@ -42,9 +44,10 @@ def crawler() -> Any:
 
 def make_queues(crawler: Any, clock: Clock | None = None) -> tuple[Any, Any]:
     crawler.engine.downloader.slots.clear()
+    extension = RetryAfterExtension.of(crawler)
+    extension._spider_closed()  # no wake-up left from the last queue
+    extension.board = CooldownBoard(clock=clock or Clock())
     ours = CooldownAwarePriorityQueue.from_crawler(crawler, FifoMemoryQueue, "")
-    if clock is not None:
-        ours._board.clock = clock
     theirs = DownloaderAwarePriorityQueue.from_crawler(crawler, FifoMemoryQueue, "")
     return ours, theirs
 
@@ -112,7 +115,126 @@ class SameOrderAsScrapy(RuleBasedStateMachine):
         assert self.ours.pop() is None
 
 
-def test_with_nothing_cooling_pops_in_scrapys_order(crawler):
+class EverySlotLooked(DownloaderAwarePriorityQueue):
+    """The plain definition, looking at every slot on every pop: Scrapy's choice
+    among the slots whose board says they may send now and whose downloader
+    slot has room."""
+
+    def __init__(self, crawler: Any, board: Any) -> None:
+        super().__init__(crawler, FifoMemoryQueue, "")
+        self.board = board
+
+    def _may_send(self) -> list[tuple[int, str]]:
+        now = self.board.clock()
+        stats = []
+        for slot in self.pqueues:
+            if self.board.ready_at(slot, len(self.pqueues[slot])) > now:
+                continue
+            downloader_slot = self.crawler.engine.downloader.slots.get(slot)
+            active = len(downloader_slot.active) if downloader_slot is not None else 0
+            if downloader_slot is None or active < downloader_slot.concurrency:
+                stats.append((active, slot))
+        return stats
+
+    def _choose(self, update_state: bool) -> str | None:
+        stats = self._may_send()
+        if not stats:
+            return None
+        if hasattr(DownloaderAwarePriorityQueue, "_next_slot"):
+            return self._next_slot(stats, update_state=update_state)
+        return min(stats)[1]
+
+    def pop(self) -> Request | None:
+        slot = self._choose(True)
+        if slot is None:
+            return None
+        queue = self.pqueues[slot]
+        request = queue.pop()
+        if not len(queue):
+            del self.pqueues[slot]
+        return request
+
+    def peek(self) -> Request | None:
+        slot = self._choose(False)
+        return self.pqueues[slot].peek() if slot is not None else None
+
+
+class SameOrderAsLookingAtEverySlot(RuleBasedStateMachine):
+    """Cooldowns, full downloader slots and time passing, against the plain definition."""
+
+    crawler: Any = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = Clock()
+        self.ours, _ = make_queues(self.crawler, self.clock)
+        self.reference = EverySlotLooked(self.crawler, self.ours._board)
+        self.pushed = 0
+
+    @rule(host=st.sampled_from(HOSTS), priority=st.integers(-1, 1))
+    def push(self, host: str, priority: int) -> None:
+        request = Request(f"http://{host}/{self.pushed}", priority=priority)
+        self.pushed += 1
+        self.ours.push(request)
+        self.reference.push(request)
+
+    @rule()
+    def pop(self) -> None:
+        assert url(self.ours.pop()) == url(self.reference.pop())
+
+    @rule()
+    def peek(self) -> None:
+        assert url(self.ours.peek()) == url(self.reference.peek())
+
+    @rule(host=st.sampled_from(HOSTS))
+    def start(self, host: str) -> None:
+        slots = self.crawler.engine.downloader.slots
+        if host not in slots:
+            slots[host] = Slot(2, 0.0, 0)
+        slots[host].active.add(Request(f"http://{host}/in-flight/{self.pushed}"))
+        self.pushed += 1
+
+    @rule(host=st.sampled_from(HOSTS))
+    def finish(self, host: str) -> None:
+        finish_download(self.crawler, host)
+
+    @rule(host=st.sampled_from(HOSTS), seconds=st.sampled_from([0.5, 1.0, 3.0]))
+    def cool(self, host: str, seconds: float) -> None:
+        self.ours._board.cool(host, seconds)
+
+    @rule(seconds=st.sampled_from([0.25, 1.0, 2.0]))
+    def wait(self, seconds: float) -> None:
+        self.clock.now += seconds
+
+    @invariant()
+    def same_length(self) -> None:
+        assert len(self.ours) == len(self.reference)
+
+    def teardown(self) -> None:
+        self.clock.now += 10.0
+        self.crawler.engine.downloader.slots.clear()
+        for _ in range(len(self.reference)):
+            request = self.reference.pop()
+            assert request is not None, (self.clock.now, self.ours._board.clock(), {s: self.ours._board.ready_at(s) for s in self.reference.pqueues})
+            assert url(self.ours.pop()) == url(request)
+        assert self.ours.pop() is None
+
+
+def test_with_cooldowns_pops_as_looking_at_every_slot_would(crawler, way):
+    SameOrderAsLookingAtEverySlot.crawler = crawler
+    run_state_machine_as_test(
+        SameOrderAsLookingAtEverySlot, settings=settings(max_examples=300, stateful_step_count=60, deadline=None)
+    )
+
+
+@pytest.fixture(params=["heaps", "scan"])
+def way(request, monkeypatch):
+    """The queue keeps heaps for many slots and looks at each of a few: both must agree with Scrapy."""
+    monkeypatch.setattr(pqueue, "_FEW", 0 if request.param == "heaps" else 1000)
+    return request.param
+
+
+def test_with_nothing_cooling_pops_in_scrapys_order(crawler, way):
     SameOrderAsScrapy.crawler = crawler
     run_state_machine_as_test(
         SameOrderAsScrapy, settings=settings(max_examples=500, stateful_step_count=60, deadline=None)
@@ -133,7 +255,7 @@ def test_with_nothing_cooling_pops_in_scrapys_order(crawler):
         "start a, start d, pop, finish a, pop, pop, pop, pop",
     ],
 )
-def test_pop_order_matches_scrapy_in_these_sequences(crawler, script):
+def test_pop_order_matches_scrapy_in_these_sequences(crawler, way, script):
     ours, theirs = make_queues(crawler)
     for n, step in enumerate(script.split(", ")):
         op, _, host = step.partition(" ")
@@ -150,7 +272,7 @@ def test_pop_order_matches_scrapy_in_these_sequences(crawler, script):
     assert len(ours) == len(theirs)
 
 
-def test_a_cooling_slot_waits_while_others_keep_scrapys_order(crawler):
+def test_a_cooling_slot_waits_while_others_keep_scrapys_order(crawler, way):
     clock = Clock()
     ours, theirs = make_queues(crawler, clock)
     for n in range(3):
@@ -167,7 +289,7 @@ def test_a_cooling_slot_waits_while_others_keep_scrapys_order(crawler):
     assert [url(ours.pop()) for _ in range(4)] == [f"http://b.test/{n}" for n in range(3)] + [None]
 
 
-def test_a_closed_circuit_frees_its_slot_before_the_time_it_was_held_for(crawler):
+def test_a_closed_circuit_frees_its_slot_before_the_time_it_was_held_for(crawler, way):
     clock = Clock()
     ours, _ = make_queues(crawler, clock)
     board = ours._board
@@ -180,7 +302,7 @@ def test_a_closed_circuit_frees_its_slot_before_the_time_it_was_held_for(crawler
     assert url(ours.pop()) == "http://a.test/0"
 
 
-def test_a_full_downloader_slot_gives_way_to_one_with_room(crawler):
+def test_a_full_downloader_slot_gives_way_to_one_with_room(crawler, way):
     ours, _ = make_queues(crawler)
     ours.push(Request("http://a.test/0"))
     ours.push(Request("http://b.test/0"))
@@ -211,7 +333,8 @@ class CountingBoard:
         return self.board.ready_at(slot, held)
 
 
-def test_a_pop_does_not_look_at_every_cooling_slot(crawler):
+def test_a_pop_does_not_look_at_every_cooling_slot(crawler, monkeypatch):
+    monkeypatch.setattr(pqueue, "_FEW", 0)
     clock = Clock()
     ours, _ = make_queues(crawler, clock)
     counting = ours._board = CountingBoard(ours._board)
