@@ -281,7 +281,7 @@ class CooldownBoard:
         done = [slot for slot, state in self._slots.items() if self._done(state, now)]
         for slot in done:
             del self._slots[slot]
-        idle = [slot for slot, meter in self._meters.items() if now - meter.last > 10.0]
+        idle = [slot for slot, meter in self._meters.items() if meter.idle(now, 10.0)]
         for slot in idle:
             del self._meters[slot]
         return len(done)
