@@ -74,6 +74,8 @@ class CooldownBoard:
         self.pace_memory = pace_memory
         """Seconds a learned rate outlives the slot's last request."""
         self._slots: dict[str, SlotState] = {}
+        self.holds: Callable[[str], bool] = self._slots.__contains__
+        """``slot in board`` without a Python call: the queue asks it per slot per pop."""
         self._meters: dict[str, Meter] = {}
 
     def __len__(self) -> int:

@@ -78,8 +78,9 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
                 queue.close()
                 del self.pqueues[slot]
         self._ahead: list[str] = list(self.pqueues)
-        heapify(self._ahead)
         self._behind: list[str] = []
+        self._heaped = False
+        """False while few slots may send: then _ahead lists them all, in no order."""
         self._cooling: list[tuple[float, str]] = []
         self._due: dict[str, float] = {}
         """Slot -> when it may send; a _cooling entry that disagrees is stale."""
@@ -95,6 +96,9 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         return len(queue) if queue is not None else 0
 
     def _list(self, slot: str) -> None:
+        if not self._heaped:
+            self._ahead.append(slot)
+            return
         last = self._last_selected_slot
         if _ROUND_ROBIN and last is not None and slot <= last:
             heappush(self._behind, slot)
@@ -126,10 +130,11 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         as (active, slot, full) and slots that may not send to the cooling heap.
         """
         board = self._board
+        holds = board.holds
         downloader_slots = self._downloader_slots
         while heap:
             slot = heap[0]
-            if slot in board:
+            if holds(slot):
                 when = board.ready_at(slot, len(self.pqueues[slot]))
                 if when > now:
                     heappop(heap)
@@ -152,10 +157,13 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         only steps over the slots with downloads in flight.
         """
         now = self._board.clock()
-        self._release_due(now)
-        ahead, behind = self._ahead, self._behind
-        if len(ahead) + len(behind) <= _FEW:
+        if self._cooling and self._cooling[0][0] <= now:
+            self._release_due(now)
+        if len(self._ahead) + len(self._behind) <= _FEW:
             return self._select_among_few(now, update_state=update_state)
+        if not self._heaped:
+            self._split(self._ahead + self._behind)
+        ahead, behind = self._ahead, self._behind
         busy_ahead: list[tuple[int, str, bool]] = []
         busy_behind: list[tuple[int, str, bool]] = []
         slot = self._scan(ahead, now, busy_ahead)
@@ -206,12 +214,13 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
     def _select_among_few(self, now: float, *, update_state: bool) -> str | None:
         """The same choice by looking at every slot, which is cheaper than heaps for a few."""
         board = self._board
+        holds = board.holds
         downloader_slots = self._downloader_slots
-        listed = self._ahead + self._behind
+        listed = self._ahead + self._behind if self._heaped else self._ahead
         stats: list[tuple[int, str]] = []
         held = False
         for slot in listed:
-            if slot in board:
+            if holds(slot):
                 when = board.ready_at(slot, len(self.pqueues[slot]))
                 if when > now:
                     self._hold(slot, when)
@@ -227,11 +236,11 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         chosen: str | None = None
         if stats:
             chosen = self._next_slot(stats, update_state=update_state) if _ROUND_ROBIN else min(stats)[1]
+        if held:
+            listed = [slot for slot in listed if slot not in self._due]
         if update_state and chosen is not None:
             listed.remove(chosen)  # pop lists it again if it keeps requests
-            held = True
-        if held:
-            self._split([slot for slot in listed if slot not in self._due])
+        self._ahead, self._behind, self._heaped = listed, [], False
         if chosen is None:
             self._wake_later()
         return chosen
@@ -246,6 +255,7 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
             self._ahead, self._behind = slots, []
         heapify(self._ahead)
         heapify(self._behind)
+        self._heaped = True
 
     @staticmethod
     def _relist(entries: list[tuple[int, str, bool]], heap: list[str]) -> None:
@@ -316,7 +326,7 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
             return None
         queue = self.pqueues[slot]
         request = queue.pop()
-        if slot in self._board:
+        if self._board.holds(slot):
             self._board.released(slot)
         if len(queue):
             self._list(slot)
@@ -348,7 +358,7 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         # their not-before travels in meta and is honoured again on resume.
         while self._waiting:
             self._push_now(heappop(self._waiting)[2])
-        self._ahead, self._behind, self._cooling = [], [], []
+        self._ahead, self._behind, self._cooling, self._heaped = [], [], [], False
         self._due.clear()
         return super().close()
 
