@@ -97,8 +97,10 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
 
     def _list(self, slot: str) -> None:
         if not self._heaped:
-            self._ahead.append(slot)
-            return
+            if len(self._ahead) < _FEW:
+                self._ahead.append(slot)
+                return
+            self._split(self._ahead)  # once per growth past _FEW, not per pop
         last = self._last_selected_slot
         if _ROUND_ROBIN and last is not None and slot <= last:
             heappush(self._behind, slot)
