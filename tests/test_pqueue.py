@@ -36,8 +36,11 @@ class Clock:
 
 
 @pytest.fixture(scope="module")
-def crawler() -> Any:
-    crawler = get_crawler(Spider, {"CONCURRENT_REQUESTS_PER_DOMAIN": CONCURRENCY})
+def crawler(tmp_path_factory: Any) -> Any:
+    park_file = tmp_path_factory.mktemp("park") / "parked.jsonl"
+    crawler = get_crawler(
+        Spider, {"CONCURRENT_REQUESTS_PER_DOMAIN": CONCURRENCY, "RETRY_AFTER_PARK_FILE": str(park_file)}
+    )
     crawler.engine = crawler._create_engine()
     return crawler
 
