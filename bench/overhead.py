@@ -1,6 +1,6 @@
 """Cost of the add-on when nothing throttles: stock Scrapy and the add-on, interleaved.
 
-    python bench/overhead.py [--pages 5000] [--runs 15]
+    python -m bench.overhead [--pages 5000] [--runs 15]
 
 A fast unthrottled server runs in its own process; each run crawls --pages
 pages with CONCURRENT_REQUESTS=32, alternating stock and add-on so machine
@@ -77,7 +77,10 @@ def main() -> None:
         for name, values in rates.items():
             print(f"| {name} | {statistics.median(values):.0f} | {min(values):.0f} | {max(values):.0f} |")
         ratios = sorted(o / s for o, s in zip(rates["add-on"], rates["stock"]))
-        print(f"\nratio add-on / stock (medians): {ours / stock:.3f}; per-pair ratios {ratios[0]:.3f} .. {ratios[-1]:.3f}")
+        quartiles = statistics.quantiles(ratios, n=4)
+        print(f"\nratio add-on / stock (medians): {ours / stock:.3f}; per-pair ratios: median "
+              f"{statistics.median(ratios):.3f}, quartiles {quartiles[0]:.3f} .. {quartiles[2]:.3f}, "
+              f"range {ratios[0]:.3f} .. {ratios[-1]:.3f}")
     finally:
         server.terminate()
         server.wait(timeout=10)

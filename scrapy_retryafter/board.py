@@ -74,6 +74,8 @@ class CooldownBoard:
         self.pace_memory = pace_memory
         """Seconds a learned rate outlives the slot's last request."""
         self._slots: dict[str, SlotState] = {}
+        self.holds: Callable[[str], bool] = self._slots.__contains__
+        """``slot in board`` without a Python call: the queue asks it per slot per pop."""
         self._meters: dict[str, Meter] = {}
 
     def __len__(self) -> int:
@@ -281,7 +283,7 @@ class CooldownBoard:
         done = [slot for slot, state in self._slots.items() if self._done(state, now)]
         for slot in done:
             del self._slots[slot]
-        idle = [slot for slot, meter in self._meters.items() if now - meter.last > 10.0]
+        idle = [slot for slot, meter in self._meters.items() if meter.idle(now, 10.0)]
         for slot in idle:
             del self._meters[slot]
         return len(done)

@@ -4,15 +4,22 @@ Requests of a throttled slot wait here, in the scheduler (on disk with
 JOBDIR), instead of in the downloader where they would hold
 CONCURRENT_REQUESTS and stall a Ctrl-C. Every other slot keeps flowing, in
 the same order DownloaderAwarePriorityQueue would give.
+
+DownloaderAwarePriorityQueue looks at every slot on every pop, which a broad
+crawl with 100,000 hosts in the scheduler pays per request. Here a slot that
+may not send waits in a heap keyed by the time it may, and the slots that may
+send sit in heaps keyed by name: the choice only looks at the few slots with
+downloads in flight (at most CONCURRENT_REQUESTS of them), so a pop costs
+O(log slots).
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import pickle
 import time
 from contextlib import suppress
+from heapq import heapify, heappop, heappush
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +27,7 @@ from scrapy.pqueues import DownloaderAwarePriorityQueue, _path_safe
 
 from .extension import RetryAfterExtension
 from .failures import NOT_BEFORE
+from .signals import circuit_closed
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -28,6 +36,11 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
 __all__ = ["CooldownAwarePriorityQueue"]
+
+# Scrapy 2.19 breaks ties among the least busy slots round-robin by name; 2.13 takes the smallest name.
+_ROUND_ROBIN = hasattr(DownloaderAwarePriorityQueue, "_next_slot")
+_FEW = 24
+"""Up to this many slots that may send, looking at each costs less than keeping heaps."""
 
 
 class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
@@ -57,6 +70,21 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         self._extension.queues.append(self)
         self._board = self._extension.board
         self._downloader_slots = crawler.engine.downloader.slots  # type: ignore[union-attr]
+        self._last_selected_slot: str | None = None
+        # Every slot in pqueues is in exactly one of: _ahead (may send, name
+        # after the last chosen), _behind (may send, name up to it), _due.
+        for slot, queue in list(self.pqueues.items()):
+            if not len(queue):
+                queue.close()
+                del self.pqueues[slot]
+        self._ahead: list[str] = list(self.pqueues)
+        self._behind: list[str] = []
+        self._heaped = False
+        """False while few slots may send: then _ahead lists them all, in no order."""
+        self._cooling: list[tuple[float, str]] = []
+        self._due: dict[str, float] = {}
+        """Slot -> when it may send; a _cooling entry that disagrees is stale."""
+        crawler.signals.connect(self._reopened, signal=circuit_closed)
         self._wall = time.time
         self._waiting: list[tuple[float, int, Request]] = []
         """Retries waiting out their own backoff: (not-before, order, request).
@@ -67,40 +95,202 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         queue = self.pqueues.get(slot)
         return len(queue) if queue is not None else 0
 
-    def _ready(self) -> list[tuple[int, str]]:
-        """(active downloads, slot) of every slot that may send now."""
+    def _list(self, slot: str) -> None:
+        if not self._heaped:
+            if len(self._ahead) < _FEW:
+                self._ahead.append(slot)
+                return
+            self._split(self._ahead)  # once per growth past _FEW, not per pop
+        last = self._last_selected_slot
+        if _ROUND_ROBIN and last is not None and slot <= last:
+            heappush(self._behind, slot)
+        else:
+            heappush(self._ahead, slot)
+
+    def _hold(self, slot: str, when: float) -> None:
+        self._due[slot] = when
+        heappush(self._cooling, (when, slot))
+
+    def _reopened(self, slot: str, **kwargs: Any) -> None:
+        """A closed circuit frees its slot before the time it was held for."""
+        if self._due.pop(slot, None) is not None:
+            self._list(slot)
+
+    def _release_due(self, now: float) -> None:
+        cooling = self._cooling
+        due = self._due
+        while cooling and cooling[0][0] <= now:
+            when, slot = heappop(cooling)
+            if due.get(slot) == when:
+                del due[slot]
+                self._list(slot)
+
+    def _scan(self, heap: list[str], now: float, busy: list[tuple[int, str, bool]]) -> str | None:
+        """The first slot of ``heap`` that may send and has nothing in flight.
+
+        It stays at the head; slots with downloads in flight move to ``busy``
+        as (active, slot, full) and slots that may not send to the cooling heap.
+        """
         board = self._board
+        holds = board.holds
         downloader_slots = self._downloader_slots
-        now = board.clock()
-        wake = float("inf")
-        ready: list[tuple[int, str]] = []
-        for slot, queue in self.pqueues.items():
-            if slot in board:
-                when = board.ready_at(slot, len(queue))
+        while heap:
+            slot = heap[0]
+            if holds(slot):
+                when = board.ready_at(slot, len(self.pqueues[slot]))
                 if when > now:
-                    wake = min(wake, when)
+                    heappop(heap)
+                    self._hold(slot, when)
+                    continue
+            downloader_slot = downloader_slots.get(slot)
+            if downloader_slot is None or not downloader_slot.active:
+                return slot
+            heappop(heap)
+            active = len(downloader_slot.active)
+            busy.append((active, slot, active >= downloader_slot.concurrency))
+        return None
+
+    def _select(self, *, update_state: bool) -> str | None:
+        """DownloaderAwarePriorityQueue's choice among the slots that may send now.
+
+        The least busy slot wins, ties going to the next name after the last
+        chosen (Scrapy 2.19) or the smallest name (2.13). A slot with nothing
+        in flight is the least busy, and finding the first one in name order
+        only steps over the slots with downloads in flight.
+        """
+        now = self._board.clock()
+        if self._cooling and self._cooling[0][0] <= now:
+            self._release_due(now)
+        if len(self._ahead) + len(self._behind) <= _FEW:
+            return self._select_among_few(now, update_state=update_state)
+        if not self._heaped:
+            self._split(self._ahead + self._behind)
+        ahead, behind = self._ahead, self._behind
+        busy_ahead: list[tuple[int, str, bool]] = []
+        busy_behind: list[tuple[int, str, bool]] = []
+        slot = self._scan(ahead, now, busy_ahead)
+        if slot is not None:
+            if update_state:
+                heappop(ahead)
+                if _ROUND_ROBIN:
+                    self._last_selected_slot = slot
+                    self._relist(busy_ahead, behind)  # stepped over: now before the last chosen
+                    return slot
+            self._relist(busy_ahead, ahead)
+            return slot
+        if _ROUND_ROBIN:
+            slot = self._scan(behind, now, busy_behind)
+            if slot is not None:
+                if update_state:
+                    heappop(behind)
+                    self._last_selected_slot = slot
+                    # Wrapped around: what is left after it comes next.
+                    self._ahead, self._behind = behind, ahead
+                    ahead, behind = behind, ahead
+                self._relist(busy_ahead, ahead)
+                self._relist(busy_behind, behind)
+                return slot
+        busy = busy_ahead + busy_behind
+        stats = [(active, name) for active, name, full in busy if not full]
+        if not stats:
+            self._relist(busy_ahead, ahead)
+            self._relist(busy_behind, behind)
+            self._wake_later()
+            return None
+        if _ROUND_ROBIN:
+            slot = self._next_slot(stats, update_state=update_state)
+        else:
+            slot = min(stats)[1]
+        if not update_state:
+            self._relist(busy_ahead, ahead)
+            self._relist(busy_behind, behind)
+            return slot
+        rest = [entry for entry in busy if entry[1] != slot]
+        if _ROUND_ROBIN:
+            self._relist([entry for entry in rest if entry[1] < slot], behind)
+            self._relist([entry for entry in rest if entry[1] > slot], ahead)
+        else:
+            self._relist(rest, ahead)
+        return slot
+
+    def _select_among_few(self, now: float, *, update_state: bool) -> str | None:
+        """The same choice by looking at every slot, which is cheaper than heaps for a few."""
+        board = self._board
+        holds = board.holds
+        downloader_slots = self._downloader_slots
+        listed = self._ahead + self._behind if self._heaped else self._ahead
+        stats: list[tuple[int, str]] = []
+        held = False
+        for slot in listed:
+            if holds(slot):
+                when = board.ready_at(slot, len(self.pqueues[slot]))
+                if when > now:
+                    self._hold(slot, when)
+                    held = True
                     continue
             downloader_slot = downloader_slots.get(slot)
             if downloader_slot is None:
-                ready.append((0, slot))
+                stats.append((0, slot))
                 continue
             active = len(downloader_slot.active)
             if active < downloader_slot.concurrency:
-                ready.append((active, slot))
-        if wake != float("inf"):
-            self._extension.wake_at(wake)
-        return ready
+                stats.append((active, slot))
+        chosen: str | None = None
+        if stats:
+            chosen = self._next_slot(stats, update_state=update_state) if _ROUND_ROBIN else min(stats)[1]
+        if held:
+            listed = [slot for slot in listed if slot not in self._due]
+        if update_state and chosen is not None:
+            listed.remove(chosen)  # pop lists it again if it keeps requests
+        self._ahead, self._behind, self._heaped = listed, [], False
+        if chosen is None:
+            self._wake_later()
+        return chosen
 
-    def _choose(self, ready: list[tuple[int, str]], *, update_state: bool) -> str:
-        next_slot = getattr(self, "_next_slot", None)
-        if next_slot is not None:
-            return next_slot(ready, update_state=update_state)  # type: ignore[no-any-return]
-        return min(ready)[1]
+    def _split(self, slots: list[str]) -> None:
+        """List ``slots`` anew, before or after the last chosen."""
+        last = self._last_selected_slot
+        if _ROUND_ROBIN and last is not None:
+            self._ahead = [slot for slot in slots if slot > last]
+            self._behind = [slot for slot in slots if slot <= last]
+        else:
+            self._ahead, self._behind = slots, []
+        heapify(self._ahead)
+        heapify(self._behind)
+        self._heaped = True
+
+    @staticmethod
+    def _relist(entries: list[tuple[int, str, bool]], heap: list[str]) -> None:
+        for entry in entries:
+            heappush(heap, entry[1])
+
+    def _wake_later(self) -> None:
+        """Nothing may send now: have the engine ask again when the first held slot may."""
+        cooling, due = self._cooling, self._due
+        while cooling and due.get(cooling[0][1]) != cooling[0][0]:
+            heappop(cooling)
+        if cooling:
+            self._extension.wake_at(cooling[0][0])
 
     def push(self, request: Request) -> None:
         if NOT_BEFORE in request.meta and self._wait(request):
             return
-        super().push(request)
+        self._push_now(request)
+
+    def _push_now(self, request: Request) -> None:
+        slot = self._downloader_interface.get_slot_key(request)
+        queue = self.pqueues.get(slot)
+        if queue is not None:
+            queue.push(request)
+            return
+        queue = self.pqfactory(slot)
+        try:
+            queue.push(request)
+        except BaseException:
+            queue.close()
+            raise
+        self.pqueues[slot] = queue
+        self._list(slot)
 
     def _wait(self, request: Request) -> bool:
         """Hold a retry whose backoff has not ended yet; False when it may go now."""
@@ -112,20 +302,20 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
             return False
         if self.key:
             _check_serializable(request, self.crawler)
-        heapq.heappush(self._waiting, (not_before, next(self._order), request))
+        heappush(self._waiting, (not_before, next(self._order), request))
         return True
 
-    def _release_due(self) -> None:
+    def _release_waiting(self) -> None:
         waiting = self._waiting
         now = self._wall()
         while waiting and waiting[0][0] <= now:
-            super().push(heapq.heappop(waiting)[2])
+            self._push_now(heappop(waiting)[2])
         if waiting:
             self._extension.wake_at(self._board.clock() + waiting[0][0] - now)
 
     def pop(self) -> Request | None:
         if self._waiting:
-            self._release_due()
+            self._release_waiting()
         while True:
             request = self._pop_ready()
             # A retry read back from disk (JOBDIR resumed) may still owe its wait.
@@ -133,42 +323,45 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
                 return request
 
     def _pop_ready(self) -> Request | None:
-        ready = self._ready()
-        if not ready:
+        slot = self._select(update_state=True)
+        if slot is None:
             return None
-        slot = self._choose(ready, update_state=True)
         queue = self.pqueues[slot]
         request = queue.pop()
-        if slot in self._board:
+        if self._board.holds(slot):
             self._board.released(slot)
-        if len(queue) == 0:
-            del self.pqueues[slot]
-            queue.close()
-            if self.key:
-                with suppress(OSError):
-                    Path(self.key, _path_safe(slot)).rmdir()
+        if len(queue):
+            self._list(slot)
+            return request
+        del self.pqueues[slot]
+        queue.close()
+        if self.key:
+            with suppress(OSError):
+                Path(self.key, _path_safe(slot)).rmdir()
         return request
 
     def peek(self) -> Request | None:
         if self._waiting:
-            self._release_due()
-        ready = self._ready()
-        if not ready:
+            self._release_waiting()
+        slot = self._select(update_state=False)
+        if slot is None:
             return None
-        return self.pqueues[self._choose(ready, update_state=False)].peek()
+        return self.pqueues[slot].peek()
 
     def take_waiting(self) -> Iterator[tuple[Request, str, float]]:
         """Hand over the retries still waiting out their backoff, with their slot and wait left."""
         now = self._wall()
         while self._waiting:
-            not_before, _, request = heapq.heappop(self._waiting)
+            not_before, _, request = heappop(self._waiting)
             yield request, self._downloader_interface.get_slot_key(request), max(0.0, not_before - now)
 
     def close(self) -> dict[str, list[int]]:
         # Waiting retries go back to their slots' queues (on disk with JOBDIR);
         # their not-before travels in meta and is honoured again on resume.
         while self._waiting:
-            super().push(heapq.heappop(self._waiting)[2])
+            self._push_now(heappop(self._waiting)[2])
+        self._ahead, self._behind, self._cooling, self._heaped = [], [], [], False
+        self._due.clear()
         return super().close()
 
     def __len__(self) -> int:

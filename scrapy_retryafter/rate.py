@@ -35,15 +35,18 @@ DOUBLING = 0.25
 
 
 class Meter:
-    """Smoothed successful responses per second, in half-second buckets."""
+    """Smoothed successful responses per second, in half-second buckets.
 
-    __slots__ = ("bucket", "count", "rate", "last")
+    A broad crawl keeps one per recently seen host, so it holds three fields:
+    the last tick is never more than a bucket after ``bucket``.
+    """
+
+    __slots__ = ("bucket", "count", "rate")
 
     def __init__(self, now: float) -> None:
         self.bucket = now
         self.count = 0
         self.rate = 0.0
-        self.last = now
 
     def tick(self, now: float) -> float:
         elapsed = now - self.bucket
@@ -53,8 +56,11 @@ class Meter:
             self.bucket = now
             self.count = 0
         self.count += 1
-        self.last = now
         return self.rate
+
+    def idle(self, now: float, seconds: float) -> bool:
+        """True when no tick came for at least ``seconds`` (give or take a bucket)."""
+        return now - self.bucket > seconds + BUCKET
 
     def current(self, now: float) -> float:
         """The rate including the bucket in progress (so a burst counts at once)."""

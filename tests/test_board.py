@@ -298,6 +298,22 @@ def test_refuse_and_cool_are_independent(board, clock):
 # --------------------------------------------------------------------------
 
 
+def test_sweep_drops_success_meters_idle_for_ten_seconds(board, clock):
+    board.succeeded("quiet")
+    for _ in range(40):
+        board.succeeded("busy")
+        clock.advance(0.3)
+    assert sorted(board._meters) == ["busy", "quiet"]
+    board.sweep()
+    assert list(board._meters) == ["busy"]
+    clock.advance(9.0)
+    board.sweep()
+    assert list(board._meters) == ["busy"]
+    clock.advance(2.0)
+    board.sweep()
+    assert list(board._meters) == []
+
+
 def test_sweep_drops_expired_keeps_live(board, clock):
     board.cool("short", 1.0)
     board.cool("jitter", 1.0, wake_jitter=5.0)
