@@ -116,6 +116,10 @@ class RetryAfterMiddleware:
             )
 
     def _slot(self, request: Request) -> str:
+        # The downloader writes the key into meta once; Scrapy's get_slot_key reads it there first too.
+        key = request.meta.get("download_slot")
+        if key is not None:
+            return key  # type: ignore[no-any-return]
         return self.crawler.engine.downloader.get_slot_key(request)  # type: ignore[union-attr]
 
     def process_request(

@@ -73,10 +73,9 @@ class Parking:
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self._spider_idle, signal=signals.spider_idle)
         crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
-        crawler.signals.connect(self._request_scheduled, signal=signals.request_scheduled)
-        crawler.signals.connect(self._request_gone, signal=signals.request_left_downloader)
-        crawler.signals.connect(self._request_gone, signal=signals.request_dropped)
-        crawler.signals.connect(self._response_received, signal=signals.response_received)
+        # Per-request signals cost every request of the crawl: connected only
+        # once something is parked or loaded.
+        self._dropping = self._tracking = False
 
     @property
     def path(self) -> Path:
@@ -98,6 +97,9 @@ class Parking:
         if record_id:
             record.id = record_id
             self._reparked.add(record_id)
+        if not self._dropping:
+            self.crawler.signals.connect(self._request_scheduled, signal=signals.request_scheduled)
+            self._dropping = True
         self.file.add(record)
         self.by_slot[slot] += 1
         self.stats.inc_value("retry_after/parked")
@@ -163,6 +165,8 @@ class Parking:
             request = self._request(record)
             if request is None:
                 continue
+            if not self._tracking:
+                self._track()
             loaded += 1
             if wait <= 0:
                 self._crawl(record.id, request)
@@ -176,6 +180,17 @@ class Parking:
                 {"path": self.path, "loaded": loaded, "later": later},
                 extra={"spider": self.crawler.spider},
             )
+
+    def _track(self) -> None:
+        """Follow the requests loaded from the file until they are handled."""
+        connect = self.crawler.signals.connect
+        if not self._dropping:
+            connect(self._request_scheduled, signal=signals.request_scheduled)
+            self._dropping = True
+        connect(self._request_gone, signal=signals.request_left_downloader)
+        connect(self._request_gone, signal=signals.request_dropped)
+        connect(self._response_received, signal=signals.response_received)
+        self._tracking = True
 
     def _request(self, record: ParkRecord) -> Request | None:
         try:

@@ -113,6 +113,9 @@ class RetryMiddleware(ScrapyRetryMiddleware):
                 self._give_up_middleware = middleware
 
     def _slot(self, request: Request) -> str:
+        key = request.meta.get("download_slot")
+        if key is not None:
+            return key  # type: ignore[no-any-return]
         return self.crawler.engine.downloader.get_slot_key(request)  # type: ignore[union-attr]
 
     def process_request(
