@@ -27,7 +27,7 @@ from scrapy.pqueues import DownloaderAwarePriorityQueue, _path_safe
 
 from .extension import RetryAfterExtension
 from .failures import NOT_BEFORE
-from .signals import circuit_closed
+from .signals import circuit_closed, circuit_opened
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -85,6 +85,8 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         self._due: dict[str, float] = {}
         """Slot -> when it may send; a _cooling entry that disagrees is stale."""
         crawler.signals.connect(self._reopened, signal=circuit_closed)
+        # A probe answered with a throttle reopens the circuit for less than the probe's timeout.
+        crawler.signals.connect(self._reopened, signal=circuit_opened)
         self._wall = time.time
         self._waiting: list[tuple[float, int, Request]] = []
         """Retries waiting out their own backoff: (not-before, order, request).
@@ -112,7 +114,7 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         heappush(self._cooling, (when, slot))
 
     def _reopened(self, slot: str, **kwargs: Any) -> None:
-        """A closed circuit frees its slot before the time it was held for."""
+        """A circuit that closed, or opened again, changes the time its slot was held for: look again."""
         if self._due.pop(slot, None) is not None:
             self._list(slot)
 
