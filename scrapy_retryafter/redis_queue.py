@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 from .failures import NOT_BEFORE
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from scrapy import Request, Spider
 
 __all__ = ["CooldownAwareRedisQueue", "SlotFrontier"]
@@ -129,7 +131,7 @@ class SlotFrontier:
         keys = [self._slots, self._count, self._seq, self._later, self._later_info]
         self._push(keys=keys, args=[self._slot_prefix, slot, -priority, data, repr(max(0.0, delay))])
 
-    def pop(self, held: list[str] = ()) -> tuple[str, bytes] | float | None:  # type: ignore[assignment]
+    def pop(self, held: Sequence[str] = ()) -> tuple[str, bytes] | float | None:
         """(slot, data) from a slot that may send; else seconds until the board lets one,
         or None when Redis knows of no such time (empty, or only ``held`` slots are due).
 

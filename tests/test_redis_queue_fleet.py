@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import collections
+import logging
 
 import pytest
 import pytest_twisted
 
-from scrapy_retryafter.testing.fleet import Member, run_fleet
+from scrapy_retryafter.testing.fleet import Member, run_fleet, scrapy_redis_settings
 from scrapy_retryafter.testing.server import HostConfig
 
 from .conftest import ADDON
@@ -25,13 +26,7 @@ THROTTLED_PAGES = 30
 def scrapy_redis_fleet(urls: list[str], redis_url: str, key: str) -> list[Member]:
     settings = {
         **ADDON,
-        "SCHEDULER": "scrapy_redis.scheduler.Scheduler",
-        "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
-        "SCHEDULER_PERSIST": True,  # the first process to finish must not empty the others' frontier
-        "SCHEDULER_QUEUE_KEY": f"{key}:%(spider)s:requests",
-        "SCHEDULER_DUPEFILTER_KEY": f"{key}:%(spider)s:dupefilter",
-        "REDIS_URL": redis_url,
-        "RETRY_AFTER_REDIS_PREFIX": key,
+        **scrapy_redis_settings(redis_url, key),
         "CONCURRENT_REQUESTS": 8,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
     }
@@ -75,3 +70,33 @@ async def test_free_hosts_keep_their_pace_while_a_throttled_one_waits_in_the_fro
     assert shared_seconds <= 1.5 * alone_seconds, (shared_seconds, alone_seconds)
     throttled_arrivals = [a.t for a in server.arrivals(throttled)]
     assert max(throttled_arrivals) - min(throttled_arrivals) > 2 * shared_seconds  # it did hold the crawl up
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_frontier_left_by_scrapy_redis_own_queue_is_moved_and_crawled(server, redis_server, prefix, caplog):
+    import redis
+    from scrapy import Request
+    from scrapy_redis import picklecompat
+
+    from .conftest import ListSpider, crawl
+
+    host = server.add_host(HostConfig(reject_first=1, penalty=0.5))
+    server.start()
+    client = redis.Redis(port=redis_server.port)
+    key = f"{prefix}:list:requests"
+    spider = ListSpider()
+    urls = [host.url(f"/old/{i}") for i in range(3)]
+    # scrapy-redis's PriorityQueue: one sorted set of encoded requests, scored by -priority.
+    client.zadd(key, {picklecompat.dumps(Request(url, priority=i).to_dict(spider=spider)): -i for i, url in enumerate(urls)})
+    settings = {
+        **ADDON,
+        **scrapy_redis_settings(redis_server.url, prefix),
+    }
+    with caplog.at_level(logging.INFO, logger="scrapy_retryafter"):
+        crawler = await crawl([], settings)
+    assert sorted(url for url, status in crawler.spider.seen if status == 200) == sorted(urls)
+    assert client.exists(key) == 0
+    assert client.get(f"{key}:count") in (b"0", None)
+    assert any("Moved 3 request(s) from scrapy-redis's zset" in r.getMessage() for r in caplog.records)
+    throttle = server.arrivals(host, status=429)[0]
+    assert all(a.t >= throttle.t + 0.5 for a in server.arrivals(host, status=200))  # the cooldown held them in Redis
