@@ -24,10 +24,8 @@ from twisted.internet import asyncioreactor
 
 asyncioreactor.install()
 
-from twisted.internet import defer, reactor  # noqa: E402
-from twisted.python.failure import Failure  # noqa: E402
 
-from scrapy_retryafter.testing.fleet import Member, run_fleet, sends_inside_cooldowns  # noqa: E402
+from scrapy_retryafter.testing.fleet import Member, run_fleet, run_on_reactor, sends_inside_cooldowns  # noqa: E402
 from scrapy_retryafter.testing.redis_server import RedisServer  # noqa: E402
 from scrapy_retryafter.testing.server import HostConfig, ThrottlingServer  # noqa: E402
 
@@ -94,10 +92,4 @@ if __name__ == "__main__":
     parser.add_argument("--repeat", type=int, default=1)
     arguments = parser.parse_args()
 
-    def finish(result: Any) -> None:
-        if isinstance(result, Failure):
-            result.printTraceback()
-        reactor.stop()  # type: ignore[attr-defined]
-
-    reactor.callWhenRunning(lambda: defer.ensureDeferred(main(arguments)).addBoth(finish))  # type: ignore[attr-defined]
-    reactor.run()  # type: ignore[attr-defined]
+    run_on_reactor(lambda: main(arguments))

@@ -21,6 +21,7 @@ from .extension import RetryAfterExtension
 from .logstats import RetryAfterLogStats
 from .middleware import RetryAfterMiddleware
 from .pqueue import CooldownAwarePriorityQueue
+from .redis_queue import CooldownAwareRedisQueue
 from .retry import RetryMiddleware
 from .settings import load_config
 
@@ -32,6 +33,7 @@ __all__ = ["Addon"]
 logger = logging.getLogger(__name__)
 
 _QUEUE = "scrapy_retryafter.CooldownAwarePriorityQueue"
+_REDIS_QUEUE = "scrapy_retryafter.redis_queue.CooldownAwareRedisQueue"
 _STOCK_RETRY = "scrapy.downloadermiddlewares.retry.RetryMiddleware"
 
 
@@ -66,17 +68,23 @@ class Addon:
 
     @staticmethod
     def _scrapy_redis_scheduler(settings: BaseSettings) -> bool:
-        """scrapy-redis's scheduler never builds SCHEDULER_PRIORITY_QUEUE: say what holds instead."""
+        """scrapy-redis's scheduler never builds SCHEDULER_PRIORITY_QUEUE: its SCHEDULER_QUEUE_CLASS gets ours."""
         scheduler = settings.get("SCHEDULER")
         name = scheduler if isinstance(scheduler, str) else getattr(scheduler, "__module__", "")
         if not name.startswith("scrapy_redis."):
             return False
+        current = settings.get("SCHEDULER_QUEUE_CLASS")
+        current_cls = _loads(current)
+        if current is None or (isinstance(current_cls, type) and issubclass(current_cls, CooldownAwareRedisQueue)):
+            priority = max(settings.getpriority("SCHEDULER_QUEUE_CLASS") or 0, SETTINGS_PRIORITIES["addon"])
+            settings.set("SCHEDULER_QUEUE_CLASS", _REDIS_QUEUE, priority)
+            return True
         board = "a shared Redis board" if load_config(settings).redis is not None else "a per-process board"
         logger.warning(
-            "scrapy-retryafter: the scrapy-redis scheduler ignores SCHEDULER_PRIORITY_QUEUE, so a cooling "
-            "slot's requests wait in the downloader, not in the frontier; cooldowns, pacing and the breaker "
-            "still apply through %s",
-            board,
+            "scrapy-retryafter: SCHEDULER_QUEUE_CLASS=%s is kept, so a cooling slot's requests leave the "
+            "shared frontier and wait in each process's downloader; cooldowns, pacing and the breaker still "
+            "apply through %s. Set it to %s to hold them in Redis",
+            current, board, _REDIS_QUEUE,
         )
         return True
 

@@ -79,12 +79,27 @@ def test_a_password_never_reaches_a_message():
     assert redis.safe_url == "redis://user:***@h:6379/0"
 
 
-@pytest.mark.parametrize("scheduler", ["scrapy_redis.scheduler.Scheduler"])
-def test_the_addon_leaves_scrapy_redis_scheduler_alone_and_says_what_holds(scheduler, caplog):
+REDIS_QUEUE = "scrapy_retryafter.redis_queue.CooldownAwareRedisQueue"
+
+
+def test_the_addon_gives_scrapy_redis_scheduler_the_cooldown_aware_queue(caplog):
     settings = Settings()
-    settings.setdict({"SCHEDULER": scheduler, "REDIS_URL": "redis://h/0"}, priority="project")
+    settings.setdict({"SCHEDULER": "scrapy_redis.scheduler.Scheduler", "REDIS_URL": "redis://h/0"}, priority="project")
     with caplog.at_level(logging.WARNING):
         Addon().update_settings(settings)
+    assert settings["SCHEDULER_QUEUE_CLASS"] == REDIS_QUEUE
     assert settings["SCHEDULER_PRIORITY_QUEUE"] != "scrapy_retryafter.CooldownAwarePriorityQueue"
-    assert "scrapy-redis scheduler ignores SCHEDULER_PRIORITY_QUEUE" in caplog.text
-    assert "a shared Redis board" in caplog.text
+    assert caplog.text == ""
+
+
+@pytest.mark.parametrize(("url", "board"), [("redis://h/0", "a shared Redis board"), (None, "a per-process board")])
+def test_a_project_scheduler_queue_class_is_kept_with_a_warning(url, board, caplog):
+    settings = Settings()
+    project = {"SCHEDULER": "scrapy_redis.scheduler.Scheduler", "SCHEDULER_QUEUE_CLASS": "scrapy_redis.queue.FifoQueue"}
+    settings.setdict({**project, **({"REDIS_URL": url} if url else {})}, priority="project")
+    with caplog.at_level(logging.WARNING):
+        Addon().update_settings(settings)
+    assert settings["SCHEDULER_QUEUE_CLASS"] == "scrapy_redis.queue.FifoQueue"
+    assert "SCHEDULER_QUEUE_CLASS=scrapy_redis.queue.FifoQueue is kept" in caplog.text
+    assert REDIS_QUEUE in caplog.text
+    assert board in caplog.text

@@ -23,7 +23,9 @@ from scrapy import Request, Spider
 
 from ..timers import sleep
 
-__all__ = ["FleetSpider", "Member", "pause", "run_fleet", "sends_inside_cooldowns"]
+__all__ = [
+    "FleetSpider", "Member", "pause", "run_fleet", "run_on_reactor", "scrapy_redis_settings", "sends_inside_cooldowns",
+]
 
 
 class FleetSpider(Spider):
@@ -107,6 +109,33 @@ async def pause(seconds: float) -> None:
     from twisted.internet import reactor, task
 
     await task.deferLater(reactor, seconds, lambda: None)
+
+
+def run_on_reactor(work: Any) -> None:
+    """Run the coroutine function ``work`` on the reactor until it ends, printing a failure (the benches' main)."""
+    from twisted.internet import defer, reactor
+    from twisted.python.failure import Failure
+
+    def finish(result: Any) -> None:
+        if isinstance(result, Failure):
+            result.printTraceback()
+        reactor.stop()  # type: ignore[attr-defined]
+
+    reactor.callWhenRunning(lambda: defer.ensureDeferred(work()).addBoth(finish))  # type: ignore[attr-defined]
+    reactor.run()  # type: ignore[attr-defined]
+
+
+def scrapy_redis_settings(redis_url: str, key: str) -> dict[str, Any]:
+    """One scrapy-redis frontier (and board) per ``key``, kept when a process of the fleet finishes."""
+    return {
+        "SCHEDULER": "scrapy_redis.scheduler.Scheduler",
+        "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
+        "SCHEDULER_PERSIST": True,  # the first process to finish must not empty the others' frontier
+        "SCHEDULER_QUEUE_KEY": f"{key}:%(spider)s:requests",
+        "SCHEDULER_DUPEFILTER_KEY": f"{key}:%(spider)s:dupefilter",
+        "REDIS_URL": redis_url,
+        "RETRY_AFTER_REDIS_PREFIX": key,
+    }
 
 
 def sends_inside_cooldowns(arrivals: list[Any], pad: float = 1.25, grace: float = 0.25) -> list[tuple[Any, Any]]:
