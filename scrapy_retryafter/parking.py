@@ -25,6 +25,7 @@ from scrapy.exceptions import DontCloseSpider, IgnoreRequest
 from scrapy.utils.project import data_path
 from scrapy.utils.request import request_from_dict
 
+from .failures import NOT_BEFORE, PREVIOUS_WAIT, STARTED
 from .parkfile import ParkFile, ParkRecord, encode_value, decode_value, iso
 from .timers import call_later, looping_call
 
@@ -40,7 +41,10 @@ logger = logging.getLogger(__name__)
 PARK_ID = "retry_after_park_id"
 """Meta key of a request loaded from the park file: the record it came from."""
 _PARKED = "_retry_after_parked"
-_TRANSIENT_META = ("retry_after_throttles", "retry_times", "download_latency", _PARKED)
+_TRANSIENT_META = (
+    # Attempts, waits and the deadline's start belong to this run: the next one starts afresh.
+    "retry_after_throttles", "retry_times", "download_latency", _PARKED, STARTED, NOT_BEFORE, PREVIOUS_WAIT,
+)
 _FLUSH_INTERVAL = 5.0
 
 

@@ -324,6 +324,10 @@ async def test_a_deadline_parks_but_exhausted_retries_reach_the_spider(server, t
     records = {r["url"]: r for r in _records(park_file)}
     assert records[host.url("/deadline")]["reason"] == "deadline"
     assert records[slow.url("/throttled")]["reason"] == "deadline"
+    # The next run starts the request's clock afresh, or the deadline would park it again at once.
+    meta = records[host.url("/deadline")]["request"]["meta"]
+    assert "retry_after_deadline" in meta
+    assert not {"retry_after_started", "retry_after_not_before", "retry_after_backoff", "retry_times"} & set(meta)
     # Retries exhausted, or a POST refused for want of an Idempotency-Key: the failure is final,
     # the spider gets the real 502 and nothing is parked.
     assert host.url("/exhausted") not in records and host.url("/post") not in records
