@@ -31,7 +31,9 @@ def test_scrapy_crawl_store_scrapes_every_product_and_obeys_every_throttle(tmp_p
     feed = tmp_path / "products.jsonl"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     run = subprocess.run(
-        [sys.executable, "-m", "scrapy", "crawl", "store", "-O", str(feed)],
+        # Its own park file: another test run may crawl the project at the same time.
+        [sys.executable, "-m", "scrapy", "crawl", "store", "-O", str(feed),
+         "-s", f"RETRY_AFTER_PARK_FILE={tmp_path / 'parked.jsonl'}"],
         cwd=PROJECT, env=env, capture_output=True, text=True, timeout=240,
     )
     log = run.stderr
