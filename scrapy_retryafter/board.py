@@ -214,17 +214,33 @@ class CooldownBoard:
         state = self._slots.get(slot)
         return state.breaker.state if state is not None and state.breaker is not None else CLOSED
 
-    def succeeded(self, slot: str) -> None:
-        """A response that was not a throttle: feeds the meter and the pace."""
+    def succeeded(self, slot: str) -> bool:
+        """A response that was not a throttle: feeds the meter and the pace.
+
+        True when the pace rose while the slot's next request waited for it:
+        at a slow pace that request would otherwise wait out the old, longer
+        interval (a second at 1 request/s), which makes slow start crawl.
+        """
         now = self.clock()
         meter = self._meters.get(slot)
         if meter is None:
             meter = self._meters[slot] = Meter(now)
         measured = meter.tick(now) * self.share(slot)
         state = self._slots.get(slot)
-        if state is not None and state.pace is not None:
-            state.pace.succeeded(measured, now)
-            state.last_seen = now
+        if state is None or state.pace is None:
+            return False
+        before = state.pace.rate
+        after = state.pace.succeeded(measured, now)
+        state.last_seen = now
+        if after > before and state.next_paced > now:
+            return self._sooner(slot, state, before, after, now)
+        return False
+
+    def _sooner(self, slot: str, state: SlotState, before: float, after: float, now: float) -> bool:
+        """Move the waiting release to where the new pace puts it after the last one."""
+        share = self.share(slot)
+        state.next_paced = max(now, state.next_paced - share / before + share / after)
+        return True
 
     def throttled(self, slot: str, sent_at: float, beta: float = 0.7) -> float | None:
         """Cut the slot's pace once per throttle event; return the new rate.

@@ -192,6 +192,11 @@ class RetryAfterExtension:
             return "it was cooling down"
         return None
 
+    def sooner(self, slot: str) -> None:
+        """The slot's pace rose: queues holding it look again (the engine asks after every response)."""
+        for queue in self.queues:
+            queue.look_again(slot)
+
     def wake_at(self, when: float) -> None:
         """Make the engine look at the scheduler again at ``when`` (clock time)."""
         if when >= self._timer_at:

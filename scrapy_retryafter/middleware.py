@@ -192,8 +192,8 @@ class RetryAfterMiddleware:
             self._circuit_closed(slot)
         if not self._watch_responses:
             return
-        if policy.adaptive:
-            self.board.succeeded(slot)
+        if policy.adaptive and self.board.succeeded(slot):
+            self.extension.sooner(slot)
         if policy.ratelimit_headers:
             self._read_ratelimit(slot, policy, response)
 

@@ -84,9 +84,9 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         self._cooling: list[tuple[float, str]] = []
         self._due: dict[str, float] = {}
         """Slot -> when it may send; a _cooling entry that disagrees is stale."""
-        crawler.signals.connect(self._reopened, signal=circuit_closed)
+        crawler.signals.connect(self.look_again, signal=circuit_closed)
         # A probe answered with a throttle reopens the circuit for less than the probe's timeout.
-        crawler.signals.connect(self._reopened, signal=circuit_opened)
+        crawler.signals.connect(self.look_again, signal=circuit_opened)
         self._wall = time.time
         self._waiting: list[tuple[float, int, Request]] = []
         """Retries waiting out their own backoff: (not-before, order, request).
@@ -113,8 +113,8 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         self._due[slot] = when
         heappush(self._cooling, (when, slot))
 
-    def _reopened(self, slot: str, **kwargs: Any) -> None:
-        """A circuit that closed, or opened again, changes the time its slot was held for: look again."""
+    def look_again(self, slot: str, **kwargs: Any) -> None:
+        """The time the slot was held for changed (a circuit closed or opened again, the pace rose)."""
         if self._due.pop(slot, None) is not None:
             self._list(slot)
 

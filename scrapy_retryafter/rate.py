@@ -23,15 +23,22 @@ regrows ten times more slowly (back to the old peak in seconds)."""
 PROBE_SCALE = 0.01
 """Growth constant past the last peak: the limit was just under it, so probing
 above it is slow (+1 request/s after about 4.6 s on the plateau)."""
-STEADY_SCALE = 0.002
+STEADY_SCALE = 0.001
 """Probing constant once two cuts in a row came at about the same rate: the
-limit is where it was (+1 request/s after about 8 s on the plateau)."""
+limit is where it was (+1 request/s after 10 s on the plateau)."""
 MARGIN = 0.95
 """The rate that was throttled is over the limit: the plateau sits just under it."""
 DROP_GUARD = 3.0
 """Seconds after a cut (cooldown included) before the meter is trusted to say the limit dropped."""
 DOUBLING = 0.25
 """Seconds of sending per doubling while the pace was never throttled (slow start)."""
+AGAIN = 1.0
+"""A throttle this soon after sending resumed: the limit is far below the
+pace (it dropped), so the cut is deeper (beta squared) and sets no peak."""
+RESTART = 1.1
+"""Regrowth this far past the last refused pace without a throttle: the
+limit moved up, so the slot finds the new one by slow start instead of a
+slow cubic."""
 
 
 class Meter:
@@ -73,7 +80,10 @@ class Meter:
 class RateController:
     """The pace of one throttled slot, in requests per second."""
 
-    __slots__ = ("rate", "peak", "last_cut", "resumed", "window", "beta", "min_rate", "ceiling", "starting", "scale")
+    __slots__ = (
+        "rate", "peak", "last_cut", "resumed", "window", "beta", "min_rate", "ceiling", "starting", "scale", "passed",
+        "refused",
+    )
 
     def __init__(self, beta: float = 0.7, min_rate: float = 1.0) -> None:
         self.beta = beta
@@ -89,6 +99,10 @@ class RateController:
         self.starting = True
         """Slow start: the first rate came from an unpaced burst and says little."""
         self.scale = SCALE
+        self.passed = 0.0
+        """Slow start: the pace before the last step up, the last one the server let through."""
+        self.refused = math.inf
+        """The pace of the last throttle: the limit was below it."""
 
     def throttled(self, measured: float, now: float) -> float:
         """Cut the rate: the server said this pace is too fast."""
@@ -99,14 +113,23 @@ class RateController:
             # means the limit itself dropped.
             base = measured
         leaving_start = self.starting and bool(self.rate)
+        again = not self.starting and self.refused < math.inf and now - self.resumed < AGAIN
         if self.rate:
             self.starting = False
         base = max(base, self.min_rate)
-        steady = not self.starting and not leaving_start and abs(base * MARGIN - self.peak) <= 0.1 * self.peak
-        self.scale = STEADY_SCALE if steady else PROBE_SCALE
-        self.rate = max(self.min_rate, base * self.beta)
-        # Slow start overshoots by up to double: its last pace is no peak to regrow to.
-        self.peak = self.rate if leaving_start else base * MARGIN
+        self.rate = max(self.min_rate, base * self.beta * (self.beta if again else 1.0))
+        self.scale = PROBE_SCALE
+        if leaving_start:
+            # Slow start overshoots by up to double: its last pace is no peak
+            # to regrow to, the one before its last step up is.
+            self.peak = max(self.rate, self.passed * MARGIN)
+        elif again:
+            self.peak = self.rate
+        else:
+            if abs(base * MARGIN - self.peak) <= 0.1 * self.peak:
+                self.scale = STEADY_SCALE
+            self.peak = base * MARGIN
+        self.refused = base
         self.window = (max(self.peak - self.rate, 0.0) / SCALE) ** (1 / 3)
         self.last_cut = self.resumed = now
         return self.rate
@@ -121,14 +144,19 @@ class RateController:
             return 0.0
         if self.starting:
             # Each success at rate r stands for 1/r seconds of sending: no growth while idle.
-            grown = self.rate * min(2.0, 2 ** (1 / (self.rate * DOUBLING)))
-            self.rate = max(self.min_rate, min(grown, self.ceiling))
+            grown = max(self.min_rate, min(self.rate * min(2.0, 2 ** (1 / (self.rate * DOUBLING))), self.ceiling))
+            if grown > self.rate:
+                self.passed = self.rate
+            self.rate = grown
             return self.rate
         since = max(0.0, now - self.resumed) - self.window
         cubic = (SCALE if since < 0 else self.scale) * since**3 + self.peak
         # At most double what the slot really sends, so an idle slot's pace does not run away.
         ceiling = 2 * max(measured, self.rate)
         self.rate = max(self.min_rate, min(cubic, ceiling, self.ceiling))
+        if self.rate >= RESTART * self.refused and self.rate < self.ceiling:
+            self.starting = True
+            self.passed = self.rate
         return self.rate
 
     def announced(self, rate: float) -> None:

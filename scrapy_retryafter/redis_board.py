@@ -594,6 +594,9 @@ class RedisBoard(CooldownBoard):
             self._published[slot] = rate
             self._write("rate", slot, f"{rate!r}:grow")  # sent with the next refresh
 
+    def _sooner(self, slot: str, state: SlotState, before: float, after: float, now: float) -> bool:
+        return False  # the fleet's send times are granted by Redis, one fleet interval apart
+
     def share(self, slot: str) -> float:
         return float(self._shares.get(slot, 1))
 

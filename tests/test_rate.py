@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scrapy_retryafter.board import CooldownBoard
-from scrapy_retryafter.rate import DROP_GUARD, MARGIN, PROBE_SCALE, Meter, RateController
+from scrapy_retryafter.rate import AGAIN, DROP_GUARD, MARGIN, PROBE_SCALE, RESTART, Meter, RateController
 
 
 def test_first_cut_starts_from_what_was_measured():
@@ -48,18 +48,54 @@ def test_right_after_a_cut_a_low_success_rate_is_the_meter_lagging_not_a_drop():
     assert pace.throttled(measured=4.0, now=10.0 + DROP_GUARD / 2) == pytest.approx(22.0 * 0.7)
 
 
-def test_leaving_slow_start_sets_no_peak_at_the_overshoot_and_regrowth_waits_for_the_cooldown():
+def test_leaving_slow_start_regrows_to_the_pace_before_its_last_step_and_waits_for_the_cooldown():
     pace = RateController()
     pace.throttled(0.0, 0.0)
+    steps = []
     while pace.rate < 26.0:
-        pace.succeeded(0.0, 1.0)
-    overshoot = pace.rate
+        steps.append(pace.succeeded(0.0, 1.0))
+    overshoot, passed = steps[-1], steps[-2]
     cut = pace.throttled(measured=10.0, now=2.0)
-    assert cut == pytest.approx(overshoot * 0.7) and pace.peak == pytest.approx(cut)
+    assert cut == pytest.approx(overshoot * 0.7)
+    assert pace.peak == pytest.approx(passed * MARGIN)  # the last pace the server let through
     pace.paused(3.25)  # the cooldown that came with the cut
     assert pace.succeeded(100.0, 3.0) == pytest.approx(cut)
     assert pace.succeeded(100.0, 3.25) == pytest.approx(cut)
-    assert pace.succeeded(100.0, 3.25 + 6.0) == pytest.approx(cut + PROBE_SCALE * 6.0**3)  # probing past it
+    assert pace.succeeded(100.0, 3.25 + pace.window) == pytest.approx(pace.peak)
+    assert pace.succeeded(100.0, 3.25 + pace.window + 2.0) == pytest.approx(pace.peak + PROBE_SCALE * 2.0**3)
+
+
+def test_a_throttle_right_after_sending_resumed_cuts_deeper_and_sets_no_peak():
+    pace = RateController()
+    pace.starting = False
+    pace.rate = 20.0
+    pace.throttled(20.0, 0.0)  # 14.0
+    pace.paused(1.25)
+    cut = pace.throttled(20.0, 1.25 + AGAIN / 2)  # the first requests after the cooldown: the limit dropped
+    assert cut == pytest.approx(14.0 * 0.7 * 0.7)
+    assert pace.peak == pytest.approx(cut)
+    pace.paused(3.0)
+    assert pace.throttled(20.0, 3.0 + AGAIN + 1.0) == pytest.approx(cut * 0.7)  # after a while of sending: normal
+
+
+def test_regrowth_well_past_the_refused_pace_goes_back_to_slow_start():
+    pace = RateController()
+    pace.starting = False
+    pace.rate = 5.0
+    pace.throttled(5.0, 0.0)
+    now = 0.0
+    while not pace.starting:
+        now += 0.2
+        rate = pace.succeeded(100.0, now)
+    assert rate >= RESTART * 5.0  # the limit moved up: find it fast
+    assert pace.succeeded(100.0, now + 0.2) > rate * 1.5
+    capped = RateController()
+    capped.starting = False
+    capped.rate = 5.0
+    capped.throttled(5.0, 0.0)
+    capped.announced(5.4)
+    assert all(capped.succeeded(100.0, t / 10) <= 5.4 for t in range(1, 1000))
+    assert not capped.starting  # an announced quota is no limit that moved
 
 
 def test_after_a_cut_the_rate_returns_to_just_under_the_peak_then_plateaus():
@@ -81,10 +117,10 @@ def test_two_cuts_at_the_same_rate_slow_the_probing():
     pace.starting = False
     pace.rate = 20.0
     pace.throttled(20.0, 0.0)
-    first = pace.succeeded(100.0, pace.window + 10.0) - pace.peak
+    first = pace.succeeded(100.0, pace.window + 5.0) - pace.peak
     pace.rate = 20.0
     pace.throttled(20.0, 30.0)
-    second = pace.succeeded(100.0, 30.0 + pace.window + 10.0) - pace.peak
+    second = pace.succeeded(100.0, 30.0 + pace.window + 5.0) - pace.peak
     assert 0 < second < first / 4
 
 
@@ -155,3 +191,18 @@ def test_board_cuts_once_per_throttle_event_and_paces_releases():
     assert board.ready_at("a") == 0.0
     board.released("a")
     assert board.ready_at("a") == pytest.approx(clock.now + 1 / board.rate("a"))
+
+
+def test_a_pace_that_rises_brings_the_waiting_release_forward():
+    clock = Clock()
+    board = CooldownBoard(clock=clock)
+    board.throttled("a", sent_at=clock.now)  # slow start at 1 request/s
+    board.released("a")
+    assert board.ready_at("a") == pytest.approx(clock.now + 1.0)
+    clock.now += 0.01
+    assert board.succeeded("a")  # the pace doubled: the next request need not wait a whole second
+    assert board.ready_at("a") == pytest.approx(clock.now - 0.01 + 1 / board.rate("a"))
+    board.released("a")
+    clock.now += 1.0  # the next release is due already: nothing to bring forward
+    assert not board.succeeded("a")
+    assert board.ready_at("a") == 0.0
