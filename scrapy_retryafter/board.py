@@ -9,6 +9,7 @@ hosts keeps only the few that are cooling.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +20,10 @@ from .breaker import CLOSED, OPEN, Breaker
 from .rate import Meter, RateController
 
 __all__ = ["CooldownBoard", "SlotState"]
+
+LATE_CREDIT = 0.1
+"""Share of a paced interval by which a late release may bring the next one
+forward, when the pace is a quota the server stated."""
 
 
 class Random(Uniform, Protocol):
@@ -164,7 +169,14 @@ class CooldownBoard:
         if state.breaker is not None:
             state.breaker.released(now)
         if state.pace is not None:
-            state.next_paced = now + self.share(slot) / state.pace.rate
+            interval = self.share(slot) / state.pace.rate
+            late = 0.0
+            if state.pace.ceiling < math.inf:
+                # A stated quota counts requests per window, not gaps: the
+                # engine's lateness (timer, loop) may be made up, capped so
+                # that no run of releases ever bunches by more than the cap.
+                late = min(max(now - state.next_paced, 0.0), LATE_CREDIT * interval)
+            state.next_paced = now + interval - late
         if state.wake_left <= 0:
             return
         state.wake_left -= 1

@@ -24,7 +24,7 @@ from .failures import PREVIOUS_WAIT, past_deadline, stamp_first_attempt
 from .headers import parse_http_date, parse_retry_after
 from .parkfile import iso
 from .policy import Decision, SlotPolicy, decide
-from .ratelimit import parse_ratelimit, parse_retry_after_ms, speaks_ratelimit
+from .ratelimit import QuotaWindows, parse_ratelimit, parse_retry_after_ms, quota_pace, speaks_ratelimit
 from . import signals as retry_after_signals
 from .timers import sleep
 
@@ -64,6 +64,7 @@ class RetryAfterMiddleware:
         )
         # Keyed by request: a middleware between us and the downloader may replace the response.
         self._decided: weakref.WeakKeyDictionary[Request, Decision] = weakref.WeakKeyDictionary()
+        self._quota_windows = QuotaWindows()
         self._deadlines = any(
             not math.isinf(p.deadline) for p in (self.config.default, *self.config.slots.values())
         )
@@ -207,6 +208,10 @@ class RetryAfterMiddleware:
             self.stats.inc_value("retry_after/ratelimit_invalid")
             return
         rate = facts.rate
+        if rate is None and facts.quota and facts.reset_at is not None:
+            window = self._quota_windows.window(slot, facts.reset_at)
+            if window is not None:
+                rate = quota_pace(facts.quota, window)
         if rate is None and facts.remaining and facts.reset:
             rate = facts.remaining / facts.reset  # no stated window: spread what is left until the reset
         if rate is not None and rate != self.board.rate(slot):

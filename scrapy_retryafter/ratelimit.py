@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-__all__ = ["RateLimitFacts", "parse_ratelimit", "parse_retry_after_ms", "speaks_ratelimit"]
+__all__ = ["QuotaWindows", "RateLimitFacts", "parse_ratelimit", "parse_retry_after_ms", "quota_pace", "speaks_ratelimit"]
 
 _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 _EPOCH = 1e9  # a reset this large is a timestamp (2001-09-09 onwards), not a delta
@@ -33,17 +33,46 @@ class RateLimitFacts:
     quota: float | None = None
     window: float | None = None
     invalid: bool = False
+    reset_at: float | None = None
+    """The reset as the epoch timestamp the server sent, when it sent one."""
 
     @property
     def rate(self) -> float | None:
-        """The rate to pace at so that a window never runs dry, requests per second.
-
-        Evenly paced requests land floor(r*w) or floor(r*w)+1 to a window of
-        w seconds, whatever its phase: r*w must stay under quota - 1.
-        """
+        """The rate to pace at so that a window never runs dry, requests per second."""
         if self.quota and self.window:
-            return max(self.quota - 1.5, self.quota / 2) / self.window
+            return quota_pace(self.quota, self.window)
         return None
+
+
+def quota_pace(quota: float, window: float) -> float:
+    """Evenly paced requests land floor(r*w) or floor(r*w)+1 to a window of
+    w seconds, whatever its phase: r*w must stay under quota - 1."""
+    return max(quota - 1.5, quota / 2) / window
+
+
+class QuotaWindows:
+    """The window of a quota stated without one (``X-RateLimit-Limit`` with an epoch reset).
+
+    The epoch a window resets at is the same on every response of that
+    window and moves on by the window's length when the next one starts;
+    spreading what is left until a reset rounded to whole seconds would
+    instead pace a one-second window at anything from half its quota up.
+    An idle slot may see the reset move on by several windows: that paces
+    it slower until the next step, never faster.
+    """
+
+    def __init__(self, most: int = 10_000) -> None:
+        self.most = most
+        self._seen: dict[str, tuple[float, float]] = {}
+
+    def window(self, slot: str, reset_at: float) -> float | None:
+        previous, window = self._seen.get(slot, (reset_at, 0.0))
+        if reset_at > previous:
+            window = reset_at - previous
+        elif slot not in self._seen and len(self._seen) >= self.most:
+            self._seen.clear()  # a broad crawl: start over rather than grow
+        self._seen[slot] = (max(previous, reset_at), window)
+        return window or None
 
 
 class _Invalid(ValueError):
@@ -93,14 +122,18 @@ def _items(text: str) -> list[dict[str, str]]:
     return items
 
 
-def _reset(value: float, now_epoch: float) -> float:
+def _reset(value: float, now_epoch: float) -> tuple[float, float | None]:
+    """Seconds until the reset, and the epoch it happens at if the value was one."""
+    reset_at = None
     if value >= _EPOCH_MS:
-        value = value / 1000.0 - now_epoch
+        reset_at = value / 1000.0
     elif value >= _EPOCH:
-        value -= now_epoch
+        reset_at = value
+    if reset_at is not None:
+        value = reset_at - now_epoch
     if value > _MAX_RESET:
         raise _Invalid
-    return max(0.0, value)
+    return max(0.0, value), reset_at
 
 
 _PREFIXES = (b"ratelimit", b"x-ratelimit")
@@ -155,7 +188,10 @@ def _draft(get: Get, now_epoch: float) -> RateLimitFacts | None:
     window = None
     if limit_text and "w=" in limit_text:
         window = _number(limit_text.split("w=")[1].split(",")[0].split(";")[0].strip())
-    return RateLimitFacts(remaining, None if reset is None else _reset(reset, now_epoch), quota, window)
+    reset_at = None
+    if reset is not None:
+        reset, reset_at = _reset(reset, now_epoch)
+    return RateLimitFacts(remaining, reset, quota, window, reset_at=reset_at)
 
 
 def _de_facto(get: Get, now_epoch: float) -> RateLimitFacts | None:
@@ -165,10 +201,14 @@ def _de_facto(get: Get, now_epoch: float) -> RateLimitFacts | None:
     if remaining is None and reset_after is None and reset_text is None:
         return None
     reset = reset_after if reset_after is not None else _number(reset_text)
+    reset_at = None
     if reset is not None:
-        reset = _reset(reset, now_epoch) if reset_after is None else min(reset, _MAX_RESET)
+        if reset_after is None:
+            reset, reset_at = _reset(reset, now_epoch)
+        else:
+            reset = min(reset, _MAX_RESET)
     quota = _first_number(_text(get(b"X-RateLimit-Limit")))
-    return RateLimitFacts(remaining, reset, quota, None)
+    return RateLimitFacts(remaining, reset, quota, None, reset_at=reset_at)
 
 
 def parse_retry_after_ms(get: Get) -> float | None:

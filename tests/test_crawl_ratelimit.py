@@ -34,3 +34,17 @@ async def test_without_reading_the_headers_the_same_limiter_throttles(server):
     settings = {**ADDON, "RETRY_AFTER_RATELIMIT_HEADERS": False, "RETRY_AFTER_WAKE_JITTER": 0.1}
     await crawl([Request(host.url(f"/{i}")) for i in range(PAGES)], settings)
     assert len(server.arrivals(host, status=429)) > 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_quota_with_an_epoch_reset_is_paced_at_its_window_not_at_what_the_rounding_leaves(server):
+    # The reset epoch is whole seconds, the window one second at a random phase:
+    # spreading "remaining" over the rounded reset would pace at 10-19 requests/s.
+    host = server.add_host(HostConfig(rate=RATE, window=1.0, penalty=1.0, ratelimit="x-epoch"))
+    server.start()
+    crawler = await crawl([Request(host.url(f"/{i}")) for i in range(120)], {**ADDON, "RETRY_AFTER_WAKE_JITTER": 0.1})
+    assert len({url for url, status in crawler.spider.seen if status == 200}) == 120
+    assert len(server.arrivals(host, status=429)) <= 2
+    times = sorted(a.t for a in server.arrivals(host, status=200))
+    settled = [t for t in times if t >= times[0] + 2.0]  # after the first window and the one that tells its length
+    assert len(settled) / (settled[-1] - settled[0]) >= 0.8 * RATE

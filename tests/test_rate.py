@@ -206,3 +206,23 @@ def test_a_pace_that_rises_brings_the_waiting_release_forward():
     clock.now += 1.0  # the next release is due already: nothing to bring forward
     assert not board.succeeded("a")
     assert board.ready_at("a") == 0.0
+
+
+def test_lateness_is_made_up_only_for_a_stated_quota_and_only_up_to_a_tenth():
+    clock = Clock()
+    learned, stated = CooldownBoard(clock=clock), CooldownBoard(clock=clock)
+    learned.throttled("a", sent_at=clock.now)
+    learned.released("a")
+    stated.announce("a", 10.0)
+    stated.released("a")
+    planned = stated.ready_at("a")
+    assert planned == pytest.approx(clock.now + 0.1 - 0.01)  # the first release, after idling, gets a tenth
+    clock.now = planned + 0.003  # the engine asked 3 ms late
+    stated.released("a")
+    assert stated.ready_at("a") == pytest.approx(planned + 0.1)  # counted from the planned time
+    clock.now = stated.ready_at("a") + 0.5  # very late (idle)
+    stated.released("a")
+    assert stated.ready_at("a") == pytest.approx(clock.now + 0.1 - 0.01)  # made up by a tenth at most
+    clock.now = learned.ready_at("a") + 0.003
+    learned.released("a")
+    assert learned.ready_at("a") == pytest.approx(clock.now + 1 / learned.rate("a"))  # a learned pace counts gaps

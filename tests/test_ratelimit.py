@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scrapy.http import Headers
 
-from scrapy_retryafter.ratelimit import RateLimitFacts, parse_ratelimit, parse_retry_after_ms
+from scrapy_retryafter.ratelimit import QuotaWindows, RateLimitFacts, parse_ratelimit, parse_retry_after_ms
 
 NOW = 1_800_000_000.0  # an epoch in 2027
 
@@ -98,3 +98,29 @@ def test_speaks_ratelimit_is_the_cheap_first_filter(names, speaks):
 @pytest.mark.parametrize("quota, window, pace", [(20, 1, 18.5), (100, 60, 98.5 / 60), (2, 1, 1.0), (1, 1, 0.5)])
 def test_the_pace_keeps_every_window_from_running_dry(quota, window, pace):
     assert RateLimitFacts(quota=quota, window=window).rate == pytest.approx(pace)
+
+
+def test_an_epoch_reset_is_kept_as_the_epoch_a_delta_is_not():
+    assert facts(X_RateLimit_Limit="20", X_RateLimit_Reset=str(int(NOW + 1))).reset_at == int(NOW + 1)
+    assert facts(X_RateLimit_Limit="20", X_RateLimit_Reset=str(int((NOW + 1) * 1000))).reset_at == int(NOW + 1)
+    assert facts(X_RateLimit_Limit="20", X_RateLimit_Reset="1").reset_at is None
+    assert facts(X_RateLimit_Limit="20", X_RateLimit_Reset_After="0.75").reset_at is None
+
+
+def test_the_window_is_how_far_the_reset_epoch_moves_on():
+    windows = QuotaWindows()
+    assert windows.window("a", NOW + 1) is None  # one window seen: its length is unknown
+    assert windows.window("a", NOW + 1) is None  # same window, any number of responses
+    assert windows.window("a", NOW + 2) == 1.0
+    assert windows.window("a", NOW + 2) == 1.0
+    assert windows.window("a", NOW + 1) == 1.0  # a late response of an older window changes nothing
+    assert windows.window("a", NOW + 5) == 3.0  # idle over two windows: slower for one window, never faster
+    assert windows.window("a", NOW + 6) == 1.0
+    assert windows.window("b", NOW + 60) is None  # per slot
+
+
+def test_quota_windows_stay_bounded_over_a_broad_crawl():
+    windows = QuotaWindows(most=100)
+    for i in range(1000):
+        windows.window(f"host{i}", NOW)
+    assert len(windows._seen) <= 100
