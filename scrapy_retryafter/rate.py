@@ -121,8 +121,11 @@ class RateController:
         self.scale = PROBE_SCALE
         if leaving_start:
             # Slow start overshoots by up to double: its last pace is no peak
-            # to regrow to, the one before its last step up is.
+            # to regrow to, the one before its last step up is. A small last
+            # step pins the limit down: probe past it as slowly as when steady.
             self.peak = max(self.rate, self.passed * MARGIN)
+            if base <= RESTART**2 * self.passed:
+                self.scale = STEADY_SCALE
         elif again:
             self.peak = self.rate
         else:
