@@ -1,6 +1,10 @@
 """Learning a host's rate: every configuration side by side in one run.
 
-    python bench/learn.py [--pages 400]
+    python bench/learn.py [--pages 400] [--repeat 1] [--parts 1,2,3,4]
+
+With --repeat N every row runs N times, the rows taking turns so that
+machine noise hits them alike; the tables give medians (and each run's
+seconds).
 
 1. Strict limiter (no burst, 20 requests/s, Retry-After: 1 with a penalty),
    rate unknown to the crawler: stock Scrapy, AutoThrottle, the add-on.
@@ -16,9 +20,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import math
 import sys
 import time
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -96,6 +102,7 @@ def main() -> Any:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pages", type=int, default=400)
     parser.add_argument("--parts", default="1,2,3,4", help="comma-separated parts to run")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per row, interleaved; medians are printed")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     ideal = args.pages / RATE
@@ -107,24 +114,44 @@ def main() -> Any:
     for dialect in ("ietf", "x-epoch") if "2" in parts else ():
         announced = HostConfig(rate=RATE, window=1.0, penalty=1.0, ratelimit=dialect)
         rows.append((f"1 s windows, {dialect} headers", "scrapy-retryafter add-on", announced, ADDON))
-    for label, name, config, settings in rows:
-        fetched, throttled, sent, elapsed = yield limiter(HostConfig(**vars(config)), settings, args.pages)
-        print(f"| {label} | {name} | {fetched} / {args.pages} | {throttled} ({100 * throttled / sent:.1f} %) "
-              f"| {elapsed:.1f} | {elapsed / ideal:.2f} |")
+    runs: list[list[Any]] = [[] for _ in rows]
+    for _ in range(args.repeat):
+        for row, (_, _, config, settings) in enumerate(rows):
+            runs[row].append((yield limiter(HostConfig(**vars(config)), settings, args.pages)))
+    for (label, name, _, _), results in zip(rows, runs):
+        fetched = min(r[0] for r in results)
+        throttled = median(r[1] for r in results)
+        share = median(100 * r[1] / r[2] for r in results)
+        elapsed = median(r[3] for r in results)
+        each = ", ".join(f"{r[3]:.1f}" for r in results)
+        print(f"| {label} | {name} | {fetched} / {args.pages} | {throttled:g} ({share:.1f} %) "
+              f"| {elapsed:.1f}{f' ({each})' if args.repeat > 1 else ''} | {elapsed / ideal:.2f} |")
 
     print("\n3. Limit changed 15 s into the crawl (strict limiter, add-on)")
     print("| change | pages | 429s after the change | first second at >= 80 % of the new rate |\n|---|---|---|---|")
-    for start, end, pages in ((5.0, 20.0, 400), (20.0, 5.0, 400)) if "3" in parts else ():
-        fetched, after, reached, _ = yield rate_change(start, end, 15.0, pages)
-        print(f"| {start:g} -> {end:g} requests/s | {fetched} / {pages} | {after} | "
-              f"{'never' if reached is None else f'{reached} s after'} |")
+    changes = ((5.0, 20.0, 400), (20.0, 5.0, 400)) if "3" in parts else ()
+    changed: list[list[Any]] = [[] for _ in changes]
+    for _ in range(args.repeat):
+        for row, (start, end, pages) in enumerate(changes):
+            changed[row].append((yield rate_change(start, end, 15.0, pages)))
+    for (start, end, pages), results in zip(changes, changed):
+        fetched = min(r[0] for r in results)
+        after = median(r[1] for r in results)
+        reached = median(math.inf if r[2] is None else r[2] for r in results)
+        each = f" (each: {', '.join(str(r[1]) for r in results)} / {', '.join(str(r[2]) for r in results)})"
+        print(f"| {start:g} -> {end:g} requests/s | {fetched} / {pages} | {after:g} | "
+              f"{'never' if math.isinf(reached) else f'{reached:g} s after'}{each if args.repeat > 1 else ''} |")
 
     if "4" not in parts:
         return
-    result = yield neighbours(150)
+    pairs = []
+    for _ in range(args.repeat):
+        pairs.append((yield neighbours(150)))
+    alone, beside = median(r[False] for r in pairs), median(r[True] for r in pairs)
+    ratio = median(r[True] / r[False] for r in pairs)
     print("\n4. Ten free hosts (150 pages each), with and without a host limited to 2 requests/s beside them")
     print("| free hosts alone, pages/s | beside the throttled host, pages/s | ratio |\n|---|---|---|")
-    print(f"| {result[False]:.0f} | {result[True]:.0f} | {result[True] / result[False]:.2f} |")
+    print(f"| {alone:.0f} | {beside:.0f} | {ratio:.2f} |")
 
 
 def _main() -> None:

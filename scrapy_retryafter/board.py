@@ -281,7 +281,7 @@ class CooldownBoard:
             state = self._slots[slot] = SlotState()
         if state.pace is None:
             state.pace = RateController()
-        state.pace.announced(max(rate, state.pace.min_rate))
+        state.pace.announced(rate)
         state.last_seen = self.clock()
 
     def share(self, slot: str) -> float:

@@ -165,6 +165,8 @@ class RateController:
     def announced(self, rate: float) -> None:
         """The server stated its quota: pace at it, and never above it."""
         self.ceiling = rate
+        # A quota under the floor (30 a minute) lowers the floor: never pace above what the server allows.
+        self.min_rate = min(self.min_rate, rate)
         # Never throttled: follow the server. Throttled: the learned rate may only drop.
         self.rate = rate if not self.last_cut or not self.rate else min(self.rate, rate)
 

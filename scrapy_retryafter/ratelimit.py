@@ -45,9 +45,11 @@ class RateLimitFacts:
 
 
 def quota_pace(quota: float, window: float) -> float:
-    """Evenly paced requests land floor(r*w) or floor(r*w)+1 to a window of
-    w seconds, whatever its phase: r*w must stay under quota - 1."""
-    return max(quota - 1.5, quota / 2) / window
+    """Requests spaced 1/r apart land at most floor(r*w)+1 to a window of w
+    seconds, whatever its phase; at r = (q-1)/w, q+1 of them would need q
+    intervals inside one window even after the board's late-release credit
+    (a tenth of an interval), so no window gets more than its quota."""
+    return max(quota - 1.0, quota / 2) / window
 
 
 class QuotaWindows:

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scrapy.http import Headers
 
+from scrapy_retryafter.board import CooldownBoard
 from scrapy_retryafter.ratelimit import QuotaWindows, RateLimitFacts, parse_ratelimit, parse_retry_after_ms
 
 NOW = 1_800_000_000.0  # an epoch in 2027
@@ -20,11 +21,11 @@ def facts(**headers: str) -> RateLimitFacts | None:
 @pytest.mark.parametrize(
     "headers, remaining, reset, rate",
     [
-        ({"RateLimit_Policy": '"default";q=100;w=60', "RateLimit": '"default";r=0;t=30'}, 0, 30, 98.5 / 60),
+        ({"RateLimit_Policy": '"default";q=100;w=60', "RateLimit": '"default";r=0;t=30'}, 0, 30, 99 / 60),
         ({"RateLimit": '"burst";r=5;t=1, "day";r=0;t=3600'}, 0, 3600, None),
-        ({"RateLimit_Policy": '"burst";q=10;w=1, "day";q=1000;w=86400'}, None, None, 998.5 / 86400),
+        ({"RateLimit_Policy": '"burst";q=10;w=1, "day";q=1000;w=86400'}, None, None, 999 / 86400),
         ({"RateLimit_Limit": "100", "RateLimit_Remaining": "0", "RateLimit_Reset": "30"}, 0, 30, None),
-        ({"RateLimit_Limit": "100, 100;w=60", "RateLimit_Remaining": "7", "RateLimit_Reset": "12"}, 7, 12, 98.5 / 60),
+        ({"RateLimit_Limit": "100, 100;w=60", "RateLimit_Remaining": "7", "RateLimit_Reset": "12"}, 7, 12, 99 / 60),
         ({"X_RateLimit_Limit": "60", "X_RateLimit_Remaining": "0", "X_RateLimit_Reset": "20"}, 0, 20, None),
         ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": str(int(NOW + 45))}, 0, 45, None),
         ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": str(int((NOW + 45) * 1000))}, 0, 45, None),
@@ -95,9 +96,40 @@ def test_speaks_ratelimit_is_the_cheap_first_filter(names, speaks):
     assert speaks_ratelimit(names) is speaks
 
 
-@pytest.mark.parametrize("quota, window, pace", [(20, 1, 18.5), (100, 60, 98.5 / 60), (2, 1, 1.0), (1, 1, 0.5)])
-def test_the_pace_keeps_every_window_from_running_dry(quota, window, pace):
+@pytest.mark.parametrize("quota, window, pace", [(20, 1, 19.0), (100, 60, 99 / 60), (2, 1, 1.0), (1, 1, 0.5)])
+def test_the_pace_of_a_stated_quota(quota, window, pace):
     assert RateLimitFacts(quota=quota, window=window).rate == pytest.approx(pace)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@given(
+    quota=st.integers(1, 120),
+    window=st.sampled_from([1.0, 2.0, 10.0, 60.0]),
+    phase=st.floats(0.0, 1.0),
+    lateness=st.lists(st.floats(0.0, 0.5), min_size=1, max_size=50),
+)
+def test_paced_releases_never_put_more_than_the_quota_into_a_window(quota, window, phase, lateness):
+    """Fixed windows at any phase, releases as the board paces them, each late by any share of an interval."""
+    clock = Clock()
+    board = CooldownBoard(clock=clock)
+    board.announce("a", RateLimitFacts(quota=quota, window=window).rate)
+    interval = 1 / board.rate("a")
+    start = clock.now + phase * window
+    counts: dict[int, int] = {}
+    clock.now = start
+    for i in range(3 * quota + 5):
+        clock.now = max(clock.now, board.ready_at("a")) + lateness[i % len(lateness)] * interval
+        board.released("a")
+        window_index = int((clock.now - start + 1e-9) // window)
+        counts[window_index] = counts.get(window_index, 0) + 1
+    assert max(counts.values()) <= quota
 
 
 def test_an_epoch_reset_is_kept_as_the_epoch_a_delta_is_not():
