@@ -39,6 +39,9 @@ RESTART = 1.1
 """Regrowth this far past the last refused pace without a throttle: the
 limit moved up, so the slot finds the new one by slow start instead of a
 slow cubic."""
+PINNED = 1.2
+"""Slow start refused after a step up of at most this: the limit lies
+between the two paces, so probing past the plateau is as slow as when steady."""
 
 
 class Meter:
@@ -121,10 +124,9 @@ class RateController:
         self.scale = PROBE_SCALE
         if leaving_start:
             # Slow start overshoots by up to double: its last pace is no peak
-            # to regrow to, the one before its last step up is. A small last
-            # step pins the limit down: probe past it as slowly as when steady.
+            # to regrow to, the one before its last step up is.
             self.peak = max(self.rate, self.passed * MARGIN)
-            if base <= RESTART**2 * self.passed:
+            if base <= PINNED * self.passed:
                 self.scale = STEADY_SCALE
         elif again:
             self.peak = self.rate
