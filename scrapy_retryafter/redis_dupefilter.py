@@ -35,29 +35,30 @@ class OutageTolerantDupeFilter(RFPDupeFilter):
     @classmethod
     def from_spider(cls, spider: Any) -> OutageTolerantDupeFilter:
         instance = super().from_spider(spider)
-        instance._attach(spider.crawler)
+        instance.attach(FrontierLink.of(spider.crawler, instance.server))
         return instance
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> OutageTolerantDupeFilter:
         instance = super().from_crawler(crawler)
-        instance._attach(crawler)
+        instance.attach(FrontierLink.of(crawler, instance.server))
         return instance
 
-    def _attach(self, crawler: Any) -> None:
-        self.link = FrontierLink.of(crawler, self.server)
-        self.link.flushers.append(self._flush_unchecked)
+    def attach(self, link: FrontierLink) -> None:
+        """Ask Redis through ``link`` (the crawl's, shared with the queue): one outage for both."""
+        self.link = link
+        link.flushers.append(self._flush_unchecked)
 
     def request_seen(self, request: Any) -> bool:
         link = self.link
         if link is None:
             return bool(super().request_seen(request))
         fingerprint = self.request_fingerprint(request)
-        if fingerprint in self._unchecked:
-            return True
         try:
             return link.call(lambda: link.client.sadd(self.key, fingerprint)) == 0
         except FrontierUnreachable:
+            if fingerprint in self._unchecked:
+                return True
             self._unchecked[fingerprint] = None
             link.count("retry_after/redis/dupefilter_unchecked")
             return False

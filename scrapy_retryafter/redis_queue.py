@@ -34,6 +34,8 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from scrapy import signals
+
 from .failures import NOT_BEFORE
 from .redis_link import FrontierLink, FrontierUnreachable
 
@@ -222,6 +224,7 @@ class CooldownAwareRedisQueue:
         """Pushes Redis has not taken yet: (slot, data, priority, not before (epoch), token), in order."""
         self._last_len = 0
         self._extension.held_requests.append(self._take_pending)
+        crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
         self._migrate()
 
     def _encode(self, request: Request) -> bytes:
@@ -257,7 +260,8 @@ class CooldownAwareRedisQueue:
         return pushed, 0
 
     def _take_pending(self) -> Iterator[tuple[Request, str, str]]:
-        """At close, what Redis never took: handed to the park file."""
+        """At close (the park file asks): one last push; what Redis still does not take is parked."""
+        self._push_at_close()
         while self._pending:
             slot, data, _, _, _ = self._pending.popleft()
             yield self._decode(data), slot, "Redis was unreachable"
@@ -304,22 +308,29 @@ class CooldownAwareRedisQueue:
         self._frontier.clear()
 
     def close(self) -> None:
-        """Every request not popped is in Redis, but those Redis never took: one last try for them.
+        self._push_at_close()
 
-        What is still here after it is parked at close (see _take_pending).
-        """
+    def _push_at_close(self) -> None:
+        if self._pending:
+            try:
+                self._link.call(self._flush_pending, force=True)
+            except FrontierUnreachable:
+                pass
+
+    def _spider_closed(self, **kwargs: Any) -> None:
+        """Parked by now, unless parking is off: then say which requests are lost."""
+        self._push_at_close()
         if not self._pending:
             return
-        try:
-            self._link.call(self._flush_pending, force=True)
-        except FrontierUnreachable:
-            parked = "are parked" if self._extension.parking is not None else "are LOST (RETRY_AFTER_PARKING is off)"
-            logger.error(
-                "Redis frontier at %(url)s still unreachable at close: %(count)d request(s) scheduled while it "
-                "was down %(fate)s",
-                {"url": self._link.url, "count": len(self._pending), "fate": parked},
-                extra={"spider": self.spider},
-            )
+        urls = [self._decode(data).url for _, data, _, _, _ in self._pending]
+        self._link.count("retry_after/redis/frontier_lost_at_close", len(urls))
+        logger.error(
+            "Redis frontier at %(url)s unreachable at close: %(count)d request(s) scheduled while it was down "
+            "are lost (RETRY_AFTER_PARKING would have parked them): %(urls)s",
+            {"url": self._link.url, "count": len(urls), "urls": urls},
+            extra={"spider": self.spider},
+        )
+        self._pending.clear()
 
     def _migrate(self) -> None:
         """Move a frontier left by scrapy-redis's own queue (one sorted set or list) into the slots.
