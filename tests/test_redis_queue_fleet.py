@@ -106,7 +106,8 @@ OUTAGE_FREE = HostConfig(latency=1.0)
 """Slow enough that responses keep arriving (and links keep being found) while Redis is down."""
 OUTAGE_THROTTLED = HostConfig(rate=5, penalty=1.0, latency=0.2)
 OUTAGE_PARENTS = 12
-"""Pages per host listed at the start; each links to one more, found when it is fetched."""
+"""Pages per free host listed at the start; each links to one more, found when it is fetched."""
+OUTAGE_THROTTLED_PARENTS = 6
 
 
 def frontier_left(client, key: str) -> dict[str, int]:
@@ -131,7 +132,8 @@ async def test_redis_with_aof_killed_mid_crawl_every_process_finishes_and_every_
     throttled = server.add_host(HostConfig(**vars(OUTAGE_THROTTLED)))
     free = [server.add_host(HostConfig(**vars(OUTAGE_FREE))) for _ in range(2)]
     server.start()
-    seeds = [host.url(f"/page/{i}") for i in range(OUTAGE_PARENTS) for host in (throttled, *free)]
+    seeds = [host.url(f"/page/{i}") for i in range(OUTAGE_PARENTS) for host in free]
+    seeds += [throttled.url(f"/page/{i}") for i in range(OUTAGE_THROTTLED_PARENTS)]
     urls = seeds + [f"{url}/child/0" for url in seeds]
     members = scrapy_redis_fleet(seeds, own_redis.url, prefix)
     for member in members:
