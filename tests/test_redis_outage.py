@@ -69,7 +69,7 @@ async def test_a_crawl_closed_while_redis_is_down_parks_what_redis_never_took_an
 ):
     from twisted.internet import defer
 
-    # Two requests in flight when Redis dies, both answered 429 a second later: their retries cannot be pushed.
+    # Two requests in flight when Redis dies, both answered 429 a second later.
     host = server.add_host(HostConfig(reject_first=2, penalty=0.2, latency=1.0))
     server.start()
     urls = [host.url(f"/page/{i}") for i in range(8)]
@@ -89,21 +89,25 @@ async def test_a_crawl_closed_while_redis_is_down_parks_what_redis_never_took_an
         first = await running
     stats = first.stats.get_stats()
     assert stats["finish_reason"] == "closespider_timeout"  # never "finished": the frontier could not be seen
-    retried = sorted(host.url(a.path) for a in server.arrivals(host, status=429))
-    assert len(retried) >= 2  # a third may have been on its way when Redis died
-    assert stats["retry_after/redis/frontier_kept"] == len(retried)
+    # The retries of the two 429s could not be pushed; seeds not yet enqueued (Scrapy 2.13 reads
+    # start() as the scheduler drains) may have been kept with them.
+    retried = {host.url(a.path) for a in server.arrivals(host, status=429)}
+    kept = stats["retry_after/redis/frontier_kept"]
+    assert len(retried) >= 2
     if parking:
         records = [json.loads(line) for line in park_file.read_text().splitlines() if line.strip()]
-        assert sorted(r["url"] for r in records if r.get("detail") == "Redis was unreachable") == retried
+        unsent = [r["url"] for r in records if r.get("detail") == "Redis was unreachable"]
     else:
         # Said once, naming each request, as an ERROR: never dropped silently.
         errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
-        assert len(errors) == 1 and f"{len(retried)} request(s) scheduled while it was down are lost" in errors[0]
-        assert all(url in errors[0] for url in retried)
-        assert stats["retry_after/redis/frontier_lost_at_close"] == len(retried)
+        assert len(errors) == 1 and f"{kept} request(s) scheduled while it was down are lost" in errors[0]
+        unsent = [url for url in urls if f"'{url}'" in errors[0]]
+        assert stats["retry_after/redis/frontier_lost_at_close"] == kept
+    assert len(unsent) == len(set(unsent)) == kept
+    assert retried <= set(unsent)
 
-    own_redis.start()  # with AOF: the six requests never popped are still in the frontier
+    own_redis.start()  # with AOF: the requests never popped are still in the frontier
     second = await crawl([], settings)
-    expected = urls if parking else sorted(set(urls) - set(retried))
+    expected = urls if parking else sorted(set(urls) - set(unsent))
     assert sorted(url for url, status in second.spider.seen if status == 200) == sorted(expected)
     assert sorted({host.url(a.path) for a in server.arrivals(host, status=200)}) == sorted(expected)

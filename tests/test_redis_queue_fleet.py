@@ -1,4 +1,5 @@
-"""Three scrapy-redis processes on one frontier: a throttled host waits in Redis, the free ones flow."""
+"""Three scrapy-redis processes on one frontier: a throttled host waits in Redis, the free ones flow,
+and a Redis killed under them loses no page."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import logging
 
 import pytest
 import pytest_twisted
+from twisted.internet import defer
 
-from scrapy_retryafter.testing.fleet import Member, run_fleet, scrapy_redis_settings
+from scrapy_retryafter.testing.fleet import Member, pause, run_fleet, scrapy_redis_settings
 from scrapy_retryafter.testing.server import HostConfig
 
 from .conftest import ADDON
@@ -125,10 +127,6 @@ def frontier_left(client, key: str) -> dict[str, int]:
 async def test_redis_with_aof_killed_mid_crawl_every_process_finishes_and_every_page_is_fetched(
     server, own_redis, prefix
 ):
-    from twisted.internet import defer
-
-    from scrapy_retryafter.testing.fleet import pause
-
     throttled = server.add_host(HostConfig(**vars(OUTAGE_THROTTLED)))
     free = [server.add_host(HostConfig(**vars(OUTAGE_FREE))) for _ in range(2)]
     server.start()
