@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 _QUEUE = "scrapy_retryafter.CooldownAwarePriorityQueue"
 _REDIS_QUEUE = "scrapy_retryafter.redis_queue.CooldownAwareRedisQueue"
+_REDIS_DUPEFILTER = "scrapy_redis.dupefilter.RFPDupeFilter"
+_TOLERANT_DUPEFILTER = "scrapy_retryafter.redis_dupefilter.OutageTolerantDupeFilter"
 _STOCK_RETRY = "scrapy.downloadermiddlewares.retry.RetryMiddleware"
 
 
@@ -73,6 +75,7 @@ class Addon:
         name = scheduler if isinstance(scheduler, str) else getattr(scheduler, "__module__", "")
         if not name.startswith("scrapy_redis."):
             return False
+        Addon._tolerate_redis_outages_in_dupefilter(settings)
         current = settings.get("SCHEDULER_QUEUE_CLASS")
         current_cls = _loads(current)
         if current is None or (isinstance(current_cls, type) and issubclass(current_cls, CooldownAwareRedisQueue)):
@@ -87,6 +90,15 @@ class Addon:
             current, board, _REDIS_QUEUE,
         )
         return True
+
+    @staticmethod
+    def _tolerate_redis_outages_in_dupefilter(settings: BaseSettings) -> None:
+        """scrapy-redis's own dupefilter (exactly it, not a project's subclass) gets ours."""
+        current = settings.get("DUPEFILTER_CLASS")
+        if current != _REDIS_DUPEFILTER and _loads(current) is not _loads(_REDIS_DUPEFILTER):
+            return
+        priority = max(settings.getpriority("DUPEFILTER_CLASS") or 0, SETTINGS_PRIORITIES["addon"])
+        settings.set("DUPEFILTER_CLASS", _TOLERANT_DUPEFILTER, priority)
 
     @staticmethod
     def _install_queue(settings: BaseSettings) -> None:

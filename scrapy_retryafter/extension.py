@@ -71,7 +71,8 @@ class RetryAfterExtension:
         self.queues: list[Any] = []
         """Every CooldownAwarePriorityQueue of the crawl (memory, disk)."""
         self.held_requests: list[Any] = []
-        """Callables yielding (request, slot) held outside the scheduler (middleware-only mode)."""
+        """Callables yielding (request, slot) held outside the scheduler (middleware-only mode),
+        or (request, slot, why) (requests Redis never took)."""
         self.jobdir: str | None = crawler.settings.get("JOBDIR") or None
         if self.jobdir and config.enabled:
             self._resume(self.jobdir)
@@ -180,8 +181,9 @@ class RetryAfterExtension:
                 while (request := slot_queue.pop()) is not None:
                     yield request, slot, wait, why
         for held in self.held_requests:
-            for request, slot in held():
-                yield request, slot, max(0.0, board.ready_at(slot, 1) - now), self._holding(slot, now) or "held"
+            for request, slot, *why in held():
+                wait = max(0.0, board.ready_at(slot, 1) - now)
+                yield request, slot, wait, why[0] if why else self._holding(slot, now) or "held"
 
     def _holding(self, slot: str, now: float) -> str | None:
         if slot not in self.board:

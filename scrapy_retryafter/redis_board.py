@@ -34,6 +34,7 @@ from typing import Any
 
 from .board import CooldownBoard, Random, SlotState
 from .breaker import CLOSED, OPEN, Breaker
+from .outage import BACKOFF_MAX, Outage
 from .rate import RateController
 from .settings import RedisConfig
 
@@ -49,8 +50,6 @@ LEASE_AHEAD = 3
 """Refresh periods of paced sends a process books ahead (so it never idles between exchanges)."""
 _WANT_MEMORY = 1.0
 """Seconds a slot's last request for sends counts: an emptied queue stops booking."""
-_BACKOFF_MIN = 0.25
-_BACKOFF_MAX = 5.0
 
 # One round trip per refresh: apply this process's events, heartbeat the
 # slots it sends to, read every cooling slot, circuit and newer rate.
@@ -196,9 +195,7 @@ class RedisBoard(CooldownBoard):
         self._call_soon: Callable[[Callable[[], None]], Any] | None = None
         """Runs a call on the crawl's loop from another thread (None outside a running crawl)."""
         self._again = False
-        self.lost = False
-        self._backoff = 0.0
-        self._retry_at = 0.0
+        self._outage = Outage(clock, rng)
         self.on_remote_cool: Callable[[str, float], None] = lambda slot, seconds: None
         self.on_remote_circuit: Callable[[str, bool], None] = lambda slot, opened: None
         self.on_lost: Callable[[BaseException], None] = lambda error: None
@@ -259,6 +256,11 @@ class RedisBoard(CooldownBoard):
     def busy(self) -> bool:
         return self._busy
 
+    @property
+    def lost(self) -> bool:
+        """Redis did not answer the last exchange: the board decides alone until it does."""
+        return self._outage.lost
+
     # -- the reactor side ---------------------------------------------------
 
     def tick(self) -> None:
@@ -267,7 +269,7 @@ class RedisBoard(CooldownBoard):
         now = self.clock()
         if self._busy or (now - self._last_job < self.redis_config.refresh and not self._again):
             return
-        if self.lost and now < self._retry_at:
+        if not self._outage.may_try():
             return
         self._send_job()
 
@@ -398,7 +400,7 @@ class RedisBoard(CooldownBoard):
                     if sender != self.process_id and call_soon is not None:
                         call_soon(self._news)
             except Exception:  # lost: the exchanges notice and report it; listen again later
-                self._stopping.wait(_BACKOFF_MAX / 2)
+                self._stopping.wait(BACKOFF_MAX / 2)
 
     def _apply_answers(self) -> None:
         while self._answers:
@@ -409,18 +411,13 @@ class RedisBoard(CooldownBoard):
                     self._writes.setdefault(key, value)  # newer events win
                 self._lose(error)
                 continue
-            if self.lost:
-                self.lost = False
-                self._backoff = 0.0
+            if self._outage.succeeded() is not None:
                 self.on_back(sum(1 for kind, _ in writes if kind in ("cool", "open")))
             self._merge(answer, sent, got)
 
     def _lose(self, error: BaseException) -> None:
-        if not self.lost:
-            self.lost = True
+        if self._outage.failed():
             self.on_lost(error)
-        self._backoff = min(_BACKOFF_MAX, max(_BACKOFF_MIN, self._backoff * 2))
-        self._retry_at = self.clock() + self._backoff * (0.5 + self.rng.random() / 2)
 
     def _merge(self, answer: Any, sent: float, got: float) -> None:
         cooling, circuits, rates, counts, leases, _server_now = answer

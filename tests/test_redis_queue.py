@@ -164,3 +164,29 @@ def test_concurrent_pops_hand_out_each_request_exactly_once(client, prefix):
     assert len(got) == len(pushed)
     assert set(got) == pushed
     assert len(writer) == 0
+
+
+def test_a_push_repeated_with_its_token_is_made_once(client, prefix):
+    # Redis took the push but its answer was lost: the process pushes it again, with the same token.
+    frontier = SlotFrontier(client, f"{prefix}:requests", prefix, owner="me")
+    assert frontier.push("a", b"1", token="7") is True
+    assert frontier.push("a", b"1", token="7") is False
+    assert frontier.push("a", b"2", token="8") is True
+    other = SlotFrontier(client, f"{prefix}:requests", prefix, owner="you")
+    assert other.push("a", b"3", token="8") is True  # tokens are per process
+    assert [data for _, data in drain(frontier)] == [b"1", b"2", b"3"]
+
+
+def test_a_pop_repeated_with_its_token_answers_the_same_request_again(client, prefix):
+    # Redis popped it but the answer was lost: asking again with the token must not lose it.
+    frontier = SlotFrontier(client, f"{prefix}:requests", prefix, owner="me")
+    for data in (b"1", b"2"):
+        frontier.push("a", data)
+    assert frontier.pop(token="1") == ("a", b"1")
+    assert frontier.pop(token="1") == ("a", b"1")
+    assert len(frontier) == 1
+    assert frontier.pop(token="2") == ("a", b"2")
+    assert frontier.pop(token="3") is None
+    assert frontier.pop(token="2") == ("a", b"2")  # what the last pop took is remembered
+    frontier.clear()
+    assert client.keys(f"{prefix}:requests*".encode()) == []

@@ -1,4 +1,5 @@
-"""Three scrapy-redis processes on one frontier: a throttled host waits in Redis, the free ones flow."""
+"""Three scrapy-redis processes on one frontier: a throttled host waits in Redis, the free ones flow,
+and a Redis killed under them loses no page."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ import logging
 
 import pytest
 import pytest_twisted
+from twisted.internet import defer
 
-from scrapy_retryafter.testing.fleet import Member, run_fleet, scrapy_redis_settings
+from scrapy_retryafter.testing.fleet import Member, pause, run_fleet, scrapy_redis_settings
 from scrapy_retryafter.testing.server import HostConfig
 
 from .conftest import ADDON
-from .redis_fixtures import prefix, redis_server, require_redis  # noqa: F401
+from .redis_fixtures import own_redis, prefix, redis_server, require_redis  # noqa: F401
 
 pytest.importorskip("scrapy_redis", reason="needs the scrapy-redis extra: pip install -e '.[test,redis,scrapy-redis]'")
 
@@ -100,3 +102,69 @@ async def test_a_frontier_left_by_scrapy_redis_own_queue_is_moved_and_crawled(se
     assert any("Moved 3 request(s) from scrapy-redis's zset" in r.getMessage() for r in caplog.records)
     throttle = server.arrivals(host, status=429)[0]
     assert all(a.t >= throttle.t + 0.5 for a in server.arrivals(host, status=200))  # the cooldown held them in Redis
+
+
+OUTAGE_FREE = HostConfig(latency=1.0)
+"""Slow enough that responses keep arriving (and links keep being found) while Redis is down."""
+OUTAGE_THROTTLED = HostConfig(rate=5, penalty=1.0, latency=0.2)
+OUTAGE_PARENTS = 12
+"""Pages per free host listed at the start; each links to one more, found when it is fetched."""
+OUTAGE_THROTTLED_PARENTS = 6
+
+
+def frontier_left(client, key: str) -> dict[str, int]:
+    """Requests still in the shared frontier: its count, and what the per-slot sets hold."""
+    queue_key = f"{key}:fleet:requests"
+    held = {name: client.zcard(name) for name in client.keys(f"{queue_key}:slot:*")}
+    return {
+        "count": int(client.get(f"{queue_key}:count") or 0),
+        "in_slots": sum(held.values()),
+        "later": client.zcard(f"{queue_key}:later"),
+    }
+
+
+@pytest_twisted.ensureDeferred
+async def test_redis_with_aof_killed_mid_crawl_every_process_finishes_and_every_page_is_fetched(
+    server, own_redis, prefix
+):
+    throttled = server.add_host(HostConfig(**vars(OUTAGE_THROTTLED)))
+    free = [server.add_host(HostConfig(**vars(OUTAGE_FREE))) for _ in range(2)]
+    server.start()
+    seeds = [host.url(f"/page/{i}") for i in range(OUTAGE_PARENTS) for host in free]
+    seeds += [throttled.url(f"/page/{i}") for i in range(OUTAGE_THROTTLED_PARENTS)]
+    urls = seeds + [f"{url}/child/0" for url in seeds]
+    members = scrapy_redis_fleet(seeds, own_redis.url, prefix)
+    for member in members:
+        member.settings = {**member.settings, "RETRY_AFTER_MAX_RETRIES": 30, "FLEET_CHILDREN": 1}
+    running = defer.ensureDeferred(run_fleet(members, timeout=60))
+    while len(server.arrivals(status=200)) < len(urls) // 3 and not running.called:
+        await pause(0.05)
+    crawled_before = len(server.log)
+    own_redis.kill()
+    await pause(2.0)
+    own_redis.start()
+    await running
+
+    for member in members:
+        assert member.returncode == 0, member.log[-3000:]
+        assert member.failed == [], member.log[-3000:]
+        assert "Traceback" not in member.log, member.log[-3000:]
+        # One WARNING when the frontier was lost, one INFO when it was back: not a line per request.
+        lost, back = member.log.count("WARNING: Redis frontier at"), member.log.count("INFO: Redis frontier at")
+        assert lost <= 1 and back == lost, member.log[-3000:]
+    ok = collections.Counter(host.url(a.path) for host in (throttled, *free) for a in server.arrivals(host, status=200))
+    assert sorted(ok) == sorted(urls), sorted(set(urls) - set(ok))
+    duplicates = {url: n for url, n in ok.items() if n > 1}
+    assert frontier_left(own_redis.client(), prefix) == {"count": 0, "in_slots": 0, "later": 0}
+    stats = collections.Counter()
+    for member in members:
+        stats.update({k: v for k, v in member.stats.items() if k.startswith("retry_after/redis/")})
+    print(
+        f"pages: {len(urls)}, fetched twice: {len(duplicates)}, arrivals before the kill: {crawled_before}, "
+        f"in all: {len(server.log)}, {dict(stats)}"
+    )
+    # Every process that noticed the outage said so once and said when it was over.
+    assert stats["retry_after/redis/frontier_lost"] >= 1
+    assert stats["retry_after/redis/frontier_lost"] == stats["retry_after/redis/frontier_reconnected"]
+    # Links were found and retries scheduled while Redis was down: they waited in their process.
+    assert stats["retry_after/redis/frontier_kept"] >= 1

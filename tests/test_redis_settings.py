@@ -103,3 +103,27 @@ def test_a_project_scheduler_queue_class_is_kept_with_a_warning(url, board, capl
     assert "SCHEDULER_QUEUE_CLASS=scrapy_redis.queue.FifoQueue is kept" in caplog.text
     assert REDIS_QUEUE in caplog.text
     assert board in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("project", "expected"),
+    [
+        ("scrapy_redis.dupefilter.RFPDupeFilter", "scrapy_retryafter.redis_dupefilter.OutageTolerantDupeFilter"),
+        ("myproject.dupefilters.Mine", "myproject.dupefilters.Mine"),  # a project's own is kept
+    ],
+)
+def test_the_addon_gives_scrapy_redis_scheduler_the_outage_tolerant_dupefilter(project, expected):
+    settings = Settings()
+    settings.setdict(
+        {"SCHEDULER": "scrapy_redis.scheduler.Scheduler", "REDIS_URL": "redis://h/0", "DUPEFILTER_CLASS": project},
+        priority="project",
+    )
+    Addon().update_settings(settings)
+    assert settings["DUPEFILTER_CLASS"] == expected
+
+
+def test_without_scrapy_redis_scheduler_its_dupefilter_is_left_alone():
+    settings = Settings()
+    settings.setdict({"DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter"}, priority="project")
+    Addon().update_settings(settings)
+    assert settings["DUPEFILTER_CLASS"] == "scrapy_redis.dupefilter.RFPDupeFilter"

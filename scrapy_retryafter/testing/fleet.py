@@ -45,11 +45,15 @@ class FleetSpider(Spider):
         for url in self.urls:
             yield Request(url, callback=self.parse, errback=self.error)
 
-    def parse(self, response: Any) -> None:
-        if response.status == 200:
-            self.fetched.append(response.url)
-        else:
+    def parse(self, response: Any) -> Any:
+        if response.status != 200:
             self.failed.append(response.url)
+            return
+        self.fetched.append(response.url)
+        if "/child/" not in response.url:
+            # Links found as the crawl goes, so requests are scheduled all along (FLEET_CHILDREN per page).
+            for k in range(self.settings.getint("FLEET_CHILDREN")):
+                yield Request(f"{response.url}/child/{k}", callback=self.parse, errback=self.error)
 
     def error(self, failure: Any) -> None:
         self.failed.append(failure.request.url)
