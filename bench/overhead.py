@@ -5,7 +5,9 @@
 A fast unthrottled server runs in its own process; each run crawls --pages
 pages with CONCURRENT_REQUESTS=32, alternating stock and add-on so machine
 noise hits both alike. Prints the median throughput of each, their ratio and
-the spread.
+the spread, and the crawler process's CPU time per page: the crawl keeps one
+core busy, so CPU per page moves with throughput but not with the other jobs
+on the machine taking turns on the cores.
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ CRAWL = textwrap.dedent(
     process = CrawlerProcess(settings)
     crawler = process.create_crawler(Pages)
     process.crawl(crawler)
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), time.process_time()
     process.start()
-    print(json.dumps({"pages": Pages.count, "seconds": time.monotonic() - started}))
+    print(json.dumps({"pages": Pages.count, "seconds": time.monotonic() - started,
+                      "cpu": time.process_time() - cpu_started}))
     """
 )
 
@@ -61,6 +64,7 @@ def main() -> None:
         assert server.stdout is not None
         base = server.stdout.readline().strip()
         rates: dict[str, list[float]] = {"stock": [], "add-on": []}
+        cpu: dict[str, list[float]] = {"stock": [], "add-on": []}
         for run in range(args.runs):
             order = ("stock", "add-on") if run % 2 == 0 else ("add-on", "stock")
             for name in order:
@@ -71,16 +75,22 @@ def main() -> None:
                 result = json.loads(out.stdout.strip().splitlines()[-1])
                 assert result["pages"] == args.pages, result
                 rates[name].append(result["pages"] / result["seconds"])
+                cpu[name].append(result["cpu"] / result["pages"])
         stock, ours = statistics.median(rates["stock"]), statistics.median(rates["add-on"])
         print(f"{args.pages} pages, CONCURRENT_REQUESTS=32, {args.runs} interleaved runs each")
-        print("| configuration | median pages/s | min | max |\n|---|---|---|---|")
+        print("| configuration | median pages/s | min | max | crawler CPU µs/page (median) |\n|---|---|---|---|---|")
         for name, values in rates.items():
-            print(f"| {name} | {statistics.median(values):.0f} | {min(values):.0f} | {max(values):.0f} |")
+            print(f"| {name} | {statistics.median(values):.0f} | {min(values):.0f} | {max(values):.0f} "
+                  f"| {statistics.median(cpu[name]) * 1e6:.0f} |")
         ratios = sorted(o / s for o, s in zip(rates["add-on"], rates["stock"]))
         quartiles = statistics.quantiles(ratios, n=4)
         print(f"\nratio add-on / stock (medians): {ours / stock:.3f}; per-pair ratios: median "
               f"{statistics.median(ratios):.3f}, quartiles {quartiles[0]:.3f} .. {quartiles[2]:.3f}, "
               f"range {ratios[0]:.3f} .. {ratios[-1]:.3f}")
+        cpu_ratios = sorted(s / o for o, s in zip(cpu["add-on"], cpu["stock"]))
+        print(f"CPU per page, stock / add-on (1.0 = no overhead): medians "
+              f"{statistics.median(cpu['stock']) / statistics.median(cpu['add-on']):.3f}; per pair: median "
+              f"{statistics.median(cpu_ratios):.3f}, range {cpu_ratios[0]:.3f} .. {cpu_ratios[-1]:.3f}")
     finally:
         server.terminate()
         server.wait(timeout=10)

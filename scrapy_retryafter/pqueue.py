@@ -41,6 +41,8 @@ __all__ = ["CooldownAwarePriorityQueue"]
 _ROUND_ROBIN = hasattr(DownloaderAwarePriorityQueue, "_next_slot")
 _FEW = 24
 """Up to this many slots that may send, looking at each costs less than keeping heaps."""
+_SPARES = 32
+"""Emptied in-memory slot queues kept for the slot's next push."""
 
 
 class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
@@ -70,6 +72,10 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         self._extension.queues.append(self)
         self._board = self._extension.board
         self._downloader_slots = crawler.engine.downloader.slots  # type: ignore[union-attr]
+        self._slot_key = crawler.engine.downloader.get_slot_key  # type: ignore[union-attr]
+        self._spares: dict[str, Any] = {}
+        """Slot -> its emptied queue (memory queues only). A slot whose requests come one at a
+        time empties at every pop; building its queue anew per request costs more than the pop."""
         self._last_selected_slot: str | None = None
         # Every slot in pqueues is in exactly one of: _ahead (may send, name
         # after the last chosen), _behind (may send, name up to it), _due.
@@ -160,11 +166,14 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         in flight is the least busy, and finding the first one in name order
         only steps over the slots with downloads in flight.
         """
-        now = self._board.clock()
+        board = self._board
+        if len(self._ahead) + len(self._behind) <= _FEW and not self._cooling:
+            return self._select_among_few(board, update_state=update_state)
+        now = board.clock()
         if self._cooling and self._cooling[0][0] <= now:
             self._release_due(now)
         if len(self._ahead) + len(self._behind) <= _FEW:
-            return self._select_among_few(now, update_state=update_state)
+            return self._select_among_few(board, update_state=update_state)
         if not self._heaped:
             self._split(self._ahead + self._behind)
         ahead, behind = self._ahead, self._behind
@@ -215,16 +224,26 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
             self._relist(rest, ahead)
         return slot
 
-    def _select_among_few(self, now: float, *, update_state: bool) -> str | None:
-        """The same choice by looking at every slot, which is cheaper than heaps for a few."""
-        board = self._board
+    def _select_among_few(self, board: Any, *, update_state: bool) -> str | None:
+        """The same choice by looking at every slot, which is cheaper than heaps for a few.
+
+        DownloaderAwarePriorityQueue's ``_next_slot`` is done in the same pass:
+        a second loop over a list of (active, slot) costs as much as the first.
+        """
         holds = board.holds
         downloader_slots = self._downloader_slots
         listed = self._ahead + self._behind if self._heaped else self._ahead
-        stats: list[tuple[int, str]] = []
+        last = self._last_selected_slot if _ROUND_ROBIN else None
+        best: str | None = None
+        best_after: str | None = None
+        """The least busy slot with the smallest name, and with the smallest name after ``last``."""
+        least = 0
+        now: float | None = None
         held = False
         for slot in listed:
             if holds(slot):
+                if now is None:
+                    now = board.clock()
                 when = board.ready_at(slot, len(self.pqueues[slot]))
                 if when > now:
                     self._hold(slot, when)
@@ -232,18 +251,26 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
                     continue
             downloader_slot = downloader_slots.get(slot)
             if downloader_slot is None:
-                stats.append((0, slot))
-                continue
-            active = len(downloader_slot.active)
-            if active < downloader_slot.concurrency:
-                stats.append((active, slot))
-        chosen: str | None = None
-        if stats:
-            chosen = self._next_slot(stats, update_state=update_state) if _ROUND_ROBIN else min(stats)[1]
+                active = 0
+            else:
+                active = len(downloader_slot.active)
+                if active >= downloader_slot.concurrency:
+                    continue
+            if best is None or active < least:
+                least, best = active, slot
+                best_after = slot if last is not None and slot > last else None
+            elif active == least:
+                if slot < best:
+                    best = slot
+                if last is not None and slot > last and (best_after is None or slot < best_after):
+                    best_after = slot
+        chosen = best_after if best_after is not None else best
         if held:
             listed = [slot for slot in listed if slot not in self._due]
         if update_state and chosen is not None:
             listed.remove(chosen)  # pop lists it again if it keeps requests
+            if _ROUND_ROBIN:
+                self._last_selected_slot = chosen
         self._ahead, self._behind, self._heaped = listed, [], False
         if chosen is None:
             self._wake_later()
@@ -280,12 +307,14 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         self._push_now(request)
 
     def _push_now(self, request: Request) -> None:
-        slot = self._downloader_interface.get_slot_key(request)
+        slot = self._slot_key(request)
         queue = self.pqueues.get(slot)
         if queue is not None:
             queue.push(request)
             return
-        queue = self.pqfactory(slot)
+        queue = self._spares.pop(slot, None)
+        if queue is None:
+            queue = self.pqfactory(slot)
         try:
             queue.push(request)
         except BaseException:
@@ -336,10 +365,15 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
             self._list(slot)
             return request
         del self.pqueues[slot]
+        if not self.key:
+            spares = self._spares
+            spares[slot] = queue
+            if len(spares) > _SPARES:
+                spares.pop(next(iter(spares))).close()
+            return request
         queue.close()
-        if self.key:
-            with suppress(OSError):
-                Path(self.key, _path_safe(slot)).rmdir()
+        with suppress(OSError):
+            Path(self.key, _path_safe(slot)).rmdir()
         return request
 
     def peek(self) -> Request | None:
@@ -355,7 +389,7 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         now = self._wall()
         while self._waiting:
             not_before, _, request = heappop(self._waiting)
-            yield request, self._downloader_interface.get_slot_key(request), max(0.0, not_before - now)
+            yield request, self._slot_key(request), max(0.0, not_before - now)
 
     def close(self) -> dict[str, list[int]]:
         # Waiting retries go back to their slots' queues (on disk with JOBDIR);
@@ -364,6 +398,9 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
             self._push_now(heappop(self._waiting)[2])
         self._ahead, self._behind, self._cooling, self._heaped = [], [], [], False
         self._due.clear()
+        for spare in self._spares.values():
+            spare.close()
+        self._spares.clear()
         return super().close()
 
     def __len__(self) -> int:

@@ -324,3 +324,24 @@ def test_a_pop_does_not_look_at_every_cooling_slot(crawler, monkeypatch):
     asked = counting.asked
     assert ours.pop() is None
     assert counting.asked == asked
+
+
+def test_a_slot_emptied_and_fed_again_keeps_scrapys_order_with_few_spare_queues(crawler, way):
+    """A slot fed one request at a time empties at every pop; its queue is kept for the next push."""
+    ours, theirs = make_queues(crawler)
+    hosts = [f"h{n:03d}.test" for n in range(3 * pqueue._SPARES)]
+    for host in hosts:
+        request = Request(f"http://{host}/first")
+        ours.push(request)
+        theirs.push(request)
+        assert url(ours.pop()) == url(theirs.pop()) == f"http://{host}/first"
+    assert len(ours._spares) == pqueue._SPARES  # the most recently emptied, not one per slot ever seen
+    for host in (hosts[-1], hosts[0]):  # one with a spare queue, one without
+        for priority in (0, 2, 1, 2):
+            request = Request(f"http://{host}/{priority}", priority=priority)
+            ours.push(request)
+            theirs.push(request)
+    assert len(ours) == len(theirs) == 8
+    assert [url(ours.pop()) for _ in range(9)] == [url(theirs.pop()) for _ in range(9)]
+    ours.close()
+    assert not ours._spares
