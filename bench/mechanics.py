@@ -14,12 +14,17 @@ with CONCURRENT_REQUESTS=32 and reports, besides pages/s:
   back empty, per request;
 - timer wake-ups the add-on scheduled.
 
-Variants run in their own process, interleaved.
+Variants run in their own process, interleaved, importing this checkout's
+scrapy_retryafter. --per-domain 8 --feed callback fills the scheduler, so the
+queue's "downloader slot full" test comes into play; --profile writes a
+cProfile dump per run; --script only writes the crawl script, for
+valgrind --tool=callgrind or strace -c.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -27,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from collections.abc import Callable
+from typing import Any
 
 CRAWL = textwrap.dedent(
     """
@@ -149,6 +156,10 @@ CRAWL = textwrap.dedent(
 )
 
 
+def _median(runs: list[dict[str, Any]], measure: Callable[[dict[str, Any]], float]) -> float:
+    return statistics.median(measure(run) for run in runs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pages", type=int, default=3000)
@@ -158,7 +169,13 @@ def main() -> None:
     parser.add_argument("--feed", choices=("start", "callback"), default="start",
                         help="pages yielded by start() (the scheduler stays nearly empty) or by one callback (it fills)")
     parser.add_argument("--profile", help="directory for one cProfile dump per variant and run")
+    parser.add_argument("--script", help="only write the crawl script here (to run it under valgrind or strace)")
     args = parser.parse_args()
+    if args.script:
+        with open(args.script, "w", encoding="utf-8") as script_file:
+            script_file.write(CRAWL)
+        print(f"python {args.script} BASE_URL PAGES stock|add-on PER_DOMAIN start|callback [PROFILE_FILE]")
+        return
     variants = args.variants.split(",")
     server = subprocess.Popen(
         [sys.executable, "-m", "scrapy_retryafter.testing.server", "--quiet", "{}"], stdout=subprocess.PIPE, text=True
@@ -171,7 +188,7 @@ def main() -> None:
     try:
         assert server.stdout is not None
         base = server.stdout.readline().strip()
-        results: dict[str, list[dict]] = {name: [] for name in variants}
+        results: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
         for run in range(args.runs):
             order = variants if run % 2 == 0 else variants[::-1]
             for name in order:
@@ -190,8 +207,7 @@ def main() -> None:
               "| empty pops /req | signals /req | receivers /req | add-on timers |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for name, runs in results.items():
-            def med(f):  # noqa: ANN001, ANN202
-                return statistics.median(f(r) for r in runs)
+            med = functools.partial(_median, runs)
             n = args.pages
             signals = med(lambda r: sum(v for k, v in r["counts"].items() if k.startswith("signal")))
             print(f"| {name} | {med(lambda r: r['pages'] / r['seconds']):.0f} | {med(lambda r: r['cpu']) / n * 1e6:.0f} "
