@@ -95,7 +95,9 @@ class Addon:
     def _tolerate_redis_outages_in_dupefilter(settings: BaseSettings) -> None:
         """scrapy-redis's own dupefilter (exactly it, not a project's subclass) gets ours."""
         current = settings.get("DUPEFILTER_CLASS")
-        if current != _REDIS_DUPEFILTER and _loads(current) is not _loads(_REDIS_DUPEFILTER):
+        loaded = _loads(current)
+        # Without scrapy-redis importable both load as None: a project's class must not match then.
+        if current != _REDIS_DUPEFILTER and (loaded is None or loaded is not _loads(_REDIS_DUPEFILTER)):
             return
         priority = max(settings.getpriority("DUPEFILTER_CLASS") or 0, SETTINGS_PRIORITIES["addon"])
         settings.set("DUPEFILTER_CLASS", _TOLERANT_DUPEFILTER, priority)
