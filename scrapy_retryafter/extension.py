@@ -152,6 +152,13 @@ class RetryAfterExtension:
             extra={"spider": self.crawler.spider},
         )
 
+    def slot_of(self, request: Request) -> str:
+        """The request's download slot: the downloader writes the key into meta once, and reads it there first too."""
+        key = request.meta.get("download_slot")
+        if key is not None:
+            return key  # type: ignore[no-any-return]
+        return self.crawler.engine.downloader.get_slot_key(request)  # type: ignore[union-attr]
+
     def held(self, slot: str) -> int:
         return sum(count(slot) for count in self.held_counters)
 

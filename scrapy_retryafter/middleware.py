@@ -116,18 +116,11 @@ class RetryAfterMiddleware:
                 "(ADDONS = {'scrapy_retryafter.Addon': 500} installs it)"
             )
 
-    def _slot(self, request: Request) -> str:
-        # The downloader writes the key into meta once; Scrapy's get_slot_key reads it there first too.
-        key = request.meta.get("download_slot")
-        if key is not None:
-            return key  # type: ignore[no-any-return]
-        return self.crawler.engine.downloader.get_slot_key(request)  # type: ignore[union-attr]
-
     def process_request(
         self, request: Request, spider: Spider | None = None
     ) -> Coroutine[Any, Any, Request | None] | Request | None:
         stamp_first_attempt(request.meta, time.time, self._deadlines)
-        slot = self._slot(request)
+        slot = self.extension.slot_of(request)
         if slot not in self.board:
             return None
         refused = self.board.refused(slot)
@@ -184,9 +177,9 @@ class RetryAfterMiddleware:
         # next queued request: cooling here keeps that request off the wire.
         if response.status in self._all_codes:
             if self._throttle(request, response) is None:
-                self.extension.tally.responded(self._slot(request))
+                self.extension.tally.responded(self.extension.slot_of(request))
             return
-        slot = self._slot(request)
+        slot = self.extension.slot_of(request)
         self.extension.tally.responded(slot)
         policy = self.config.policy_for(slot)
         if slot in self.board and self.board.success(slot, policy.budget_token_ratio, policy.budget_max_tokens):
@@ -234,7 +227,7 @@ class RetryAfterMiddleware:
 
     def _throttle(self, request: Request, response: Response) -> Decision | None:
         """Cool the slot for a throttling response; remember what to do with it."""
-        slot = self._slot(request)
+        slot = self.extension.slot_of(request)
         policy = self.config.policy_for(slot)
         if response.status not in policy.http_codes:
             return None
@@ -361,13 +354,13 @@ class RetryAfterMiddleware:
             return response
         if not decision.retry or request.meta.get("dont_retry", False):
             if not request.meta.get("dont_retry", False):
-                slot = self._slot(request)
+                slot = self.extension.slot_of(request)
                 wait = decision.refuse or self.board.remaining(slot)
                 parked = self._give_up(request, slot, response.status, decision.reason, decision.outcome, wait)
                 if parked is not None:
                     return parked
             return response
-        slot = self._slot(request)
+        slot = self.extension.slot_of(request)
         late = self._past_deadline(request, slot)
         if late is not None:
             self.stats.inc_value("retry_after/deadline")

@@ -112,12 +112,6 @@ class RetryMiddleware(ScrapyRetryMiddleware):
             if isinstance(middleware, RetryAfterMiddleware):
                 self._give_up_middleware = middleware
 
-    def _slot(self, request: Request) -> str:
-        key = request.meta.get("download_slot")
-        if key is not None:
-            return key  # type: ignore[no-any-return]
-        return self.crawler.engine.downloader.get_slot_key(request)  # type: ignore[union-attr]
-
     def process_request(
         self, request: Request, spider: Spider | None = None
     ) -> Coroutine[Any, Any, None] | None:
@@ -135,7 +129,7 @@ class RetryMiddleware(ScrapyRetryMiddleware):
     async def _wait_in_downloader(self, request: Request, not_before: float) -> Request | None:
         """Without CooldownAwarePriorityQueue a backoff can only be waited out here,
         holding a download place (the README says what that costs)."""
-        self._waiting[request] = self._slot(request)
+        self._waiting[request] = self._retry_after.slot_of(request)  # type: ignore[attr-defined]
         try:
             while True:
                 engine = self.crawler.engine
@@ -181,7 +175,7 @@ class RetryMiddleware(ScrapyRetryMiddleware):
     def _retry_response(self, request: Request, response: Response) -> Request | Response:
         status = response.status
         if self._down:
-            self._down.reached(self._slot(request))
+            self._down.reached(self._retry_after.slot_of(request))  # type: ignore[attr-defined]
         if status not in self.retry_http_codes or request.meta.get("dont_retry", False):
             return response
         if owned_by_retry_after(self._retry_after, request, status):  # type: ignore[attr-defined]
@@ -200,7 +194,7 @@ class RetryMiddleware(ScrapyRetryMiddleware):
     def _retry_failure(
         self, request: Request, rule: Rule, reason: str | Exception, status: int | None
     ) -> Request | None:
-        slot = self._slot(request)
+        slot = self._retry_after.slot_of(request)  # type: ignore[attr-defined]
         policy = self._retry_after.config.policy_for(slot)  # type: ignore[attr-defined]
         meta = request.meta
         attempt = meta.get("retry_times", 0) + 1
@@ -298,7 +292,7 @@ class RetryMiddleware(ScrapyRetryMiddleware):
 
     def _connection_failed(self, request: Request, exception: Exception) -> None:
         """A burst of refused connections pauses the slot: a dead host is a fact about the host."""
-        slot = self._slot(request)
+        slot = self._retry_after.slot_of(request)  # type: ignore[attr-defined]
         policy = self._retry_after.config.policy_for(slot)  # type: ignore[attr-defined]
         count = self._down.failed(slot)
         if count < policy.host_down_threshold:
