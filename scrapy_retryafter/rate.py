@@ -139,6 +139,23 @@ class RateController:
         self.last_cut = self.resumed = now
         return self.rate
 
+    def adopted(self, rate: float, now: float) -> None:
+        """Another process of the fleet cut the shared pace to ``rate``: regrow from it as from a cut here.
+
+        Not a throttle of this process: counting it as one right after a
+        cooldown would cut deeper, and the processes would cut each other
+        down to the floor in turn.
+        """
+        base = rate / self.beta
+        steady = abs(base * MARGIN - self.peak) <= 0.1 * self.peak
+        self.starting = False
+        self.rate = max(self.min_rate, rate)
+        self.scale = STEADY_SCALE if steady else PROBE_SCALE
+        self.peak = base * MARGIN
+        self.refused = base
+        self.window = (max(self.peak - self.rate, 0.0) / SCALE) ** (1 / 3)
+        self.last_cut = self.resumed = now
+
     def paused(self, until: float) -> None:
         """The slot sends nothing until ``until`` (a cooldown): regrowth waits for it."""
         self.resumed = max(self.resumed, until)

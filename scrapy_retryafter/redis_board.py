@@ -505,9 +505,7 @@ class RedisBoard(CooldownBoard):
             state.pace = RateController()
         pace = state.pace
         if cut:
-            pace.rate = rate / pace.beta
-            pace.starting = False
-            pace.throttled(0.0, now)
+            pace.adopted(rate, now)
         else:
             pace.rate = rate
         self._published[slot] = pace.rate
