@@ -240,3 +240,15 @@ def test_lateness_is_made_up_only_for_a_stated_quota_and_only_up_to_a_tenth():
     clock.now = learned.ready_at("a") + 0.003
     learned.released("a")
     assert learned.ready_at("a") == pytest.approx(clock.now + 1 / learned.rate("a"))  # a learned pace counts gaps
+
+
+def test_a_cut_adopted_from_the_fleet_is_no_throttle_of_this_process():
+    pace = RateController()
+    pace.starting = False
+    pace.rate = 20.0
+    pace.throttled(20.0, 0.0)  # 14.0, cooling until 1.25
+    pace.paused(1.25)
+    pace.adopted(9.8, 1.25 + AGAIN / 2)  # another process cut right after the cooldown
+    assert pace.rate == pytest.approx(9.8)  # no deeper cut on top
+    assert pace.peak == pytest.approx(9.8 / 0.7 * MARGIN)
+    assert pace.succeeded(100.0, 1.25 + AGAIN / 2 + pace.window) == pytest.approx(pace.peak)
