@@ -335,13 +335,17 @@ async def test_an_outage_opens_the_circuit_and_probes_until_recovery(server, mod
         "RETRY_AFTER_BUDGET_MAX_TOKENS": 1000,  # the budget has its own test; here every page is fetched in this run
         "RETRY_AFTER_ADAPTIVE": False,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+        "CONCURRENT_REQUESTS": 2,  # at most one request waits in a downloader slot
     }
     requests = [Request(outage.url(f"/{i}")) for i in range(10)] + [Request(other.url(f"/{i}")) for i in range(10)]
     crawler = await crawl(requests, settings, spider_cls=Watching)
     during = [a for a in server.arrivals(outage) if a.t - server.started < 4.0]
     probes = len(opened)  # each reopening was caused by one probe
+    # The middleware alone sees a request before the downloader slot queues it:
+    # one already waiting there when the circuit opens still goes out.
+    queued = len(opened) if mode is MIDDLEWARE_ONLY else 0
     assert opened and closed and closed[0]["slot"] == outage.address
-    assert len(during) <= 3 + probes
+    assert len(during) <= 3 + probes + queued, (len(during), probes, queued)
     assert len({url for url, status in crawler.spider.seen if status == 200}) == 20
     assert crawler.stats.get_value("retry_after/circuit_opened") == len(opened)
     assert all(a.status == 200 for a in server.arrivals(other))
