@@ -134,10 +134,14 @@ class RateController:
             if abs(base * MARGIN - self.peak) <= 0.1 * self.peak:
                 self.scale = STEADY_SCALE
             self.peak = base * MARGIN
-        self.refused = base
+        self._regrow_from(base, now)
+        return self.rate
+
+    def _regrow_from(self, refused: float, now: float) -> None:
+        """The cut is made: the cubic curve restarts now, back up to ``peak``."""
+        self.refused = refused
         self.window = (max(self.peak - self.rate, 0.0) / SCALE) ** (1 / 3)
         self.last_cut = self.resumed = now
-        return self.rate
 
     def adopted(self, rate: float, now: float) -> None:
         """Another process of the fleet cut the shared pace to ``rate``: regrow from it as from a cut here.
@@ -152,9 +156,7 @@ class RateController:
         self.rate = max(self.min_rate, rate)
         self.scale = STEADY_SCALE if steady else PROBE_SCALE
         self.peak = base * MARGIN
-        self.refused = base
-        self.window = (max(self.peak - self.rate, 0.0) / SCALE) ** (1 / 3)
-        self.last_cut = self.resumed = now
+        self._regrow_from(base, now)
 
     def paused(self, until: float) -> None:
         """The slot sends nothing until ``until`` (a cooldown): regrowth waits for it."""
