@@ -104,7 +104,7 @@ class CooldownBoard:
         added = until - max(state.cooldown_until, now)
         state.cooldown_until = until
         if state.pace is not None:
-            state.pace.paused(until)
+            state.pace.paused(until, now)
         # A paced slot releases one request per interval: no herd to spread.
         state.wake_end = until + (0.0 if state.pace is not None else max(0.0, wake_jitter))
         state.wake_left = -1

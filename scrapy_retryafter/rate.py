@@ -23,9 +23,15 @@ regrows ten times more slowly (back to the old peak in seconds)."""
 PROBE_SCALE = 0.01
 """Growth constant past the last peak: the limit was just under it, so probing
 above it is slow (+1 request/s after about 4.6 s on the plateau)."""
-STEADY_SCALE = 0.001
-"""Probing constant once two cuts in a row came at about the same rate: the
-limit is where it was (+1 request/s after 10 s on the plateau)."""
+STEADY_SCALE = 0.000125
+"""Probing constant once the limit is pinned down (two cuts in a row at about
+the same rate, or a small last step of slow start): +1 request/s after 20 s
+on the plateau. A refused probe costs a whole cooldown; at one probe per 16
+cooldowns probing costs about 6 % of the slot's time."""
+PROBE_COOLDOWN = 1.25
+"""The cooldown the probing times above are for (Retry-After: 1, padded):
+after a longer one they stretch in proportion, so that a slot told to wait a
+minute does not probe every 20 s and spend most of its time cooling down."""
 MARGIN = 0.95
 """The rate that was throttled is over the limit: the plateau sits just under it."""
 DROP_GUARD = 3.0
@@ -85,7 +91,7 @@ class RateController:
 
     __slots__ = (
         "rate", "peak", "last_cut", "resumed", "window", "beta", "min_rate", "ceiling", "starting", "scale", "passed",
-        "refused",
+        "refused", "stretch",
     )
 
     def __init__(self, beta: float = 0.7, min_rate: float = 1.0) -> None:
@@ -106,6 +112,8 @@ class RateController:
         """Slow start: the pace before the last step up, the last one the server let through."""
         self.refused = math.inf
         """The pace of the last throttle: the limit was below it."""
+        self.stretch = 1.0
+        """How much slower than the probing constants say to probe: the last cooldown over PROBE_COOLDOWN."""
 
     def throttled(self, measured: float, now: float) -> float:
         """Cut the rate: the server said this pace is too fast."""
@@ -117,22 +125,38 @@ class RateController:
             base = measured
         leaving_start = self.starting and bool(self.rate)
         again = not self.starting and self.refused < math.inf and now - self.resumed < AGAIN
+        passed, self.passed = self.passed, 0.0
         if self.rate:
             self.starting = False
         base = max(base, self.min_rate)
-        self.rate = max(self.min_rate, base * self.beta * (self.beta if again else 1.0))
         self.scale = PROBE_SCALE
         if leaving_start:
+            self.rate = max(self.min_rate, base * self.beta)
             # Slow start overshoots by up to double: its last pace is no peak
             # to regrow to, the one before its last step up is.
-            self.peak = max(self.rate, self.passed * MARGIN)
-            if base <= PINNED * self.passed:
+            self.peak = max(self.rate, passed * MARGIN)
+            if base <= PINNED * passed:
+                # The limit lies between the last two paces: resume just under it.
+                self.scale = STEADY_SCALE
+                self.rate = max(self.min_rate, self.peak)
+            else:
+                self.passed = passed  # if the pace between the two is refused at once, the limit is under it
+        elif again and base > passed > 0.0:
+            # Slow start's exit guessed a pace between the last two and it was
+            # refused at once: the limit lies between the pace slow start
+            # passed and that guess, it did not drop.
+            self.peak = self.rate = max(self.min_rate, passed * MARGIN)
+            if base <= PINNED * passed:
                 self.scale = STEADY_SCALE
         elif again:
-            self.peak = self.rate
+            self.peak = self.rate = max(self.min_rate, base * self.beta * self.beta)
         else:
+            self.rate = max(self.min_rate, base * self.beta)
             if abs(base * MARGIN - self.peak) <= 0.1 * self.peak:
                 self.scale = STEADY_SCALE
+                if base > self.peak:
+                    # A probe just past the plateau was refused: the limit is where it was.
+                    self.rate = max(self.rate, min(base * MARGIN, self.peak))
             self.peak = base * MARGIN
         self._regrow_from(base, now)
         return self.rate
@@ -158,9 +182,10 @@ class RateController:
         self.peak = base * MARGIN
         self._regrow_from(base, now)
 
-    def paused(self, until: float) -> None:
+    def paused(self, until: float, now: float) -> None:
         """The slot sends nothing until ``until`` (a cooldown): regrowth waits for it."""
         self.resumed = max(self.resumed, until)
+        self.stretch = max(1.0, (until - now) / PROBE_COOLDOWN)
 
     def succeeded(self, measured: float, now: float) -> float:
         """Grow back: slowly near the last peak, faster once past it."""
@@ -174,7 +199,7 @@ class RateController:
             self.rate = grown
             return self.rate
         since = max(0.0, now - self.resumed) - self.window
-        cubic = (SCALE if since < 0 else self.scale) * since**3 + self.peak
+        cubic = (SCALE * since**3 if since < 0 else self.scale * (since / self.stretch) ** 3) + self.peak
         # At most double what the slot really sends, so an idle slot's pace does not run away.
         ceiling = 2 * max(measured, self.rate)
         self.rate = max(self.min_rate, min(cubic, ceiling, self.ceiling))

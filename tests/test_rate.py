@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from scrapy_retryafter.board import CooldownBoard
 from scrapy_retryafter.rate import (
-    AGAIN, DROP_GUARD, MARGIN, PROBE_SCALE, RESTART, STEADY_SCALE, Meter, RateController,
+    AGAIN, DROP_GUARD, MARGIN, PINNED, PROBE_COOLDOWN, PROBE_SCALE, RESTART, STEADY_SCALE, Meter, RateController,
 )
 
 
@@ -29,7 +29,7 @@ def test_slow_start_at_most_doubles_per_success_and_stops_at_the_first_paced_cut
     assert all(b <= 2 * a + 1e-9 for a, b in zip([1.0, *rates], rates))
     assert rates[-1] > 20
     cut = pace.throttled(measured=rates[-1] * 0.8, now=8.0)
-    assert cut == pytest.approx(rates[-1] * 0.7)  # a paced cut starts from the pace
+    assert cut == pytest.approx(max(rates[-1] * 0.7, rates[-2] * MARGIN))  # a paced cut starts from the paces
     assert not pace.starting
 
 
@@ -45,38 +45,52 @@ def test_right_after_a_cut_a_low_success_rate_is_the_meter_lagging_not_a_drop():
     pace.starting = False
     pace.rate = 20.0
     pace.throttled(measured=20.0, now=10.0)  # 14.0
-    pace.rate = 22.0
+    pace.rate = 30.0
     # 1.4 s later (a 1.25 s cooldown in between) the meter still shows the cooldown's silence.
-    assert pace.throttled(measured=4.0, now=10.0 + DROP_GUARD / 2) == pytest.approx(22.0 * 0.7)
+    assert pace.throttled(measured=4.0, now=10.0 + DROP_GUARD / 2) == pytest.approx(30.0 * 0.7)
 
 
-def test_leaving_slow_start_regrows_to_the_pace_before_its_last_step_and_waits_for_the_cooldown():
+def test_leaving_slow_start_after_a_small_step_resumes_just_under_the_pace_before_it():
     pace = RateController()
     pace.throttled(0.0, 0.0)
     steps = []
     while pace.rate < 26.0:
         steps.append(pace.succeeded(0.0, 1.0))
     overshoot, passed = steps[-1], steps[-2]
+    assert overshoot / passed < PINNED  # x1.14: the limit lies between the two
     cut = pace.throttled(measured=10.0, now=2.0)
-    assert cut == pytest.approx(overshoot * 0.7)
-    assert pace.peak == pytest.approx(passed * MARGIN)  # the last pace the server let through
-    pace.paused(3.25)  # the cooldown that came with the cut
+    assert cut == pytest.approx(passed * MARGIN) == pytest.approx(pace.peak)  # the last pace the server let through
+    pace.paused(3.25, now=2.0)  # the cooldown that came with the cut
     assert pace.succeeded(100.0, 3.0) == pytest.approx(cut)
     assert pace.succeeded(100.0, 3.25) == pytest.approx(cut)
-    assert pace.succeeded(100.0, 3.25 + pace.window) == pytest.approx(pace.peak)
-    # Its last step up was small (x1.14): the limit is known closely, probing past it is slow.
-    assert overshoot / passed < 1.2
-    assert pace.succeeded(100.0, 3.25 + pace.window + 2.0) == pytest.approx(pace.peak + STEADY_SCALE * 2.0**3)
+    # The limit is known closely: probing past it is slow.
+    assert pace.succeeded(100.0, 3.25 + 2.0) == pytest.approx(pace.peak + STEADY_SCALE * 2.0**3)
 
 
-def test_after_a_big_last_step_of_slow_start_probing_past_the_peak_is_faster():
+def test_leaving_slow_start_after_a_big_step_regrows_from_the_cut_to_the_pace_before_it():
     pace = RateController()
     pace.throttled(0.0, 0.0)
-    while pace.rate < 4.0:
-        pace.succeeded(0.0, 1.0)  # 1 -> 2 -> 4: doubling
-    pace.throttled(measured=2.0, now=2.0)
-    assert pace.peak == pytest.approx(4.0 * 0.7)  # the cut is above the pace before the step (2.0 x MARGIN)
+    while pace.rate < 8.0:
+        pace.succeeded(0.0, 1.0)  # 1 -> 2 -> 4 -> 8: doubling
+    cut = pace.throttled(measured=4.0, now=2.0)
+    assert cut == pytest.approx(8.0 * 0.7)  # over the pace before the step (4.0 x MARGIN): a guess between the two
     assert pace.scale == PROBE_SCALE
+
+
+def test_a_guess_between_the_last_two_paces_of_slow_start_refused_at_once_is_no_drop():
+    pace = RateController()
+    pace.throttled(0.0, 0.0)
+    while pace.rate < 8.0:
+        pace.succeeded(0.0, 1.0)
+    guess = pace.throttled(measured=4.0, now=2.0)  # 5.6
+    pace.paused(3.25, now=2.0)
+    # Refused right after the cooldown: the limit lies between 4 (passed) and the guess.
+    assert pace.throttled(measured=4.0, now=3.25 + AGAIN / 2) == pytest.approx(4.0 * MARGIN)
+    assert pace.rate > guess * 0.7 * 0.7
+    assert pace.peak == pytest.approx(4.0 * MARGIN)
+    pace.paused(5.0, now=4.0)
+    # Any later throttle right after a cooldown is a drop again.
+    assert pace.throttled(measured=4.0, now=5.0 + AGAIN / 2) == pytest.approx(4.0 * MARGIN * 0.7 * 0.7)
 
 
 def test_a_throttle_right_after_sending_resumed_cuts_deeper_and_sets_no_peak():
@@ -84,11 +98,11 @@ def test_a_throttle_right_after_sending_resumed_cuts_deeper_and_sets_no_peak():
     pace.starting = False
     pace.rate = 20.0
     pace.throttled(20.0, 0.0)  # 14.0
-    pace.paused(1.25)
+    pace.paused(1.25, now=0.0)
     cut = pace.throttled(20.0, 1.25 + AGAIN / 2)  # the first requests after the cooldown: the limit dropped
     assert cut == pytest.approx(14.0 * 0.7 * 0.7)
     assert pace.peak == pytest.approx(cut)
-    pace.paused(3.0)
+    pace.paused(3.0, now=2.0)
     assert pace.throttled(20.0, 3.0 + AGAIN + 1.0) == pytest.approx(cut * 0.7)  # after a while of sending: normal
 
 
@@ -134,8 +148,26 @@ def test_two_cuts_at_the_same_rate_slow_the_probing():
     first = pace.succeeded(100.0, pace.window + 5.0) - pace.peak
     pace.rate = 20.0
     pace.throttled(20.0, 30.0)
+    assert pace.rate == pytest.approx(20.0 * MARGIN)  # the limit is where it was: no regrowth from a deep cut
     second = pace.succeeded(100.0, 30.0 + pace.window + 5.0) - pace.peak
     assert 0 < second < first / 4
+
+
+def test_probing_past_the_plateau_waits_in_proportion_to_the_cooldown_a_refusal_costs():
+    def probe_at(cooldown: float) -> float:
+        pace = RateController()
+        pace.starting = False
+        pace.rate = 20.0
+        pace.throttled(20.0, 0.0)
+        pace.paused(cooldown, now=0.0)
+        now = cooldown + pace.window
+        while pace.succeeded(100.0, now) < pace.peak + 1.0:
+            now += 0.05
+        return now - cooldown - pace.window
+
+    short = probe_at(PROBE_COOLDOWN)
+    assert probe_at(PROBE_COOLDOWN / 2) == pytest.approx(short)  # never faster than the constants say
+    assert probe_at(60.0) == pytest.approx(short * 60.0 / PROBE_COOLDOWN, rel=0.02)  # a minute's cooldown: 48 x later
 
 
 def test_growth_never_passes_an_announced_rate_nor_twice_what_is_sent():
@@ -247,7 +279,7 @@ def test_a_cut_adopted_from_the_fleet_is_no_throttle_of_this_process():
     pace.starting = False
     pace.rate = 20.0
     pace.throttled(20.0, 0.0)  # 14.0, cooling until 1.25
-    pace.paused(1.25)
+    pace.paused(1.25, now=0.0)
     pace.adopted(9.8, 1.25 + AGAIN / 2)  # another process cut right after the cooldown
     assert pace.rate == pytest.approx(9.8)  # no deeper cut on top
     assert pace.peak == pytest.approx(9.8 / 0.7 * MARGIN)
