@@ -1,6 +1,6 @@
 """Learning a host's rate: every configuration side by side in one run.
 
-    python bench/learn.py [--pages 400] [--repeat 1] [--parts 1,2,3,4]
+    python bench/learn.py [--pages 400] [--repeat 1] [--parts 1,2,3,4] [--change-at 15]
 
 With --repeat N every row runs N times, the rows taking turns so that
 machine noise hits them alike; the tables give medians (and each run's
@@ -11,7 +11,9 @@ seconds).
 2. The same limit announced in rate-limit headers (IETF, X-RateLimit with an
    epoch reset), fixed one-second windows.
 3. The limit raised from 5 to 20 requests/s mid-crawl (time until the add-on
-   runs at >= 16/s), and lowered from 20 to 5 (429s after the change).
+   runs at >= 16/s), and lowered from 20 to 5 (429s after the change); with
+   --change-at 8,15,25 at each of those times (a raise is found by a probe,
+   so how long it takes depends on when it comes).
 4. One throttled host beside ten free hosts: the free hosts' throughput with
    and without the throttled one.
 """
@@ -98,12 +100,7 @@ def neighbours(pages_free: int) -> Any:
 
 
 @defer.inlineCallbacks
-def main() -> Any:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--pages", type=int, default=400)
-    parser.add_argument("--parts", default="1,2,3,4", help="comma-separated parts to run")
-    parser.add_argument("--repeat", type=int, default=1, help="runs per row, interleaved; medians are printed")
-    args = parser.parse_args()
+def main(args: argparse.Namespace) -> Any:
     parts = set(args.parts.split(","))
     ideal = args.pages / RATE
 
@@ -127,19 +124,20 @@ def main() -> Any:
         print(f"| {label} | {name} | {fetched} / {args.pages} | {throttled:g} ({share:.1f} %) "
               f"| {elapsed:.1f}{f' ({each})' if args.repeat > 1 else ''} | {elapsed / ideal:.2f} |")
 
-    print("\n3. Limit changed 15 s into the crawl (strict limiter, add-on)")
-    print("| change | pages | 429s after the change | first second at >= 80 % of the new rate |\n|---|---|---|---|")
-    changes = ((5.0, 20.0, 400), (20.0, 5.0, 400)) if "3" in parts else ()
+    print("\n3. Limit changed mid-crawl (strict limiter, add-on)")
+    print("| change | at | pages | 429s after the change | first second at >= 80 % of the new rate |\n|---|---|---|---|---|")
+    at_times = [float(t) for t in args.change_at.split(",")]
+    changes = [(s, e, 400, at) for at in at_times for s, e in ((5.0, 20.0), (20.0, 5.0))] if "3" in parts else []
     changed: list[list[Any]] = [[] for _ in changes]
     for _ in range(args.repeat):
-        for row, (start, end, pages) in enumerate(changes):
-            changed[row].append((yield rate_change(start, end, 15.0, pages)))
-    for (start, end, pages), results in zip(changes, changed):
+        for row, (start, end, pages, at) in enumerate(changes):
+            changed[row].append((yield rate_change(start, end, at, pages)))
+    for (start, end, pages, at), results in zip(changes, changed):
         fetched = min(r[0] for r in results)
         after = median(r[1] for r in results)
         reached = median(math.inf if r[2] is None else r[2] for r in results)
         each = f" (each: {', '.join(str(r[1]) for r in results)} / {', '.join(str(r[2]) for r in results)})"
-        print(f"| {start:g} -> {end:g} requests/s | {fetched} / {pages} | {after:g} | "
+        print(f"| {start:g} -> {end:g} requests/s | {at:g} s | {fetched} / {pages} | {after:g} | "
               f"{'never' if math.isinf(reached) else f'{reached:g} s after'}{each if args.repeat > 1 else ''} |")
 
     if "4" not in parts:
@@ -155,7 +153,12 @@ def main() -> Any:
 
 
 def _main() -> None:
-    d = main()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pages", type=int, default=400)
+    parser.add_argument("--parts", default="1,2,3,4", help="comma-separated parts to run")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per row, interleaved; medians are printed")
+    parser.add_argument("--change-at", default="15", help="part 3: seconds into the crawl the limit changes, comma-separated")
+    d = main(parser.parse_args())
     d.addErrback(lambda f: (f.printTraceback(), None))
     d.addBoth(lambda _: reactor.stop())  # type: ignore[attr-defined]
     reactor.run()  # type: ignore[attr-defined]

@@ -177,6 +177,7 @@ class RateController:
         base = rate / self.beta
         steady = abs(base * MARGIN - self.peak) <= 0.1 * self.peak
         self.starting = False
+        self.passed = 0.0
         self.rate = max(self.min_rate, rate)
         self.scale = STEADY_SCALE if steady else PROBE_SCALE
         self.peak = base * MARGIN
@@ -223,4 +224,5 @@ class RateController:
         self.last_cut = self.resumed = now
         self.window = 0.0
         self.starting = False
+        self.passed = 0.0
         self.scale = STEADY_SCALE
