@@ -110,6 +110,8 @@ class RetryAfterExtension:
         board.on_lost = self._redis_lost
         board.on_back = self._redis_back
         board.on_wake = self.wake_at
+        board.on_sooner = self.sooner
+        board.on_late_lease = lambda slot: self.stats.inc_value("retry_after/redis/late_sends_skipped")
         if board.connect():
             logger.info("Sharing cooldowns through the Redis board at %s (keys %s:*)", config.redis.safe_url, config.redis.prefix)
         return board

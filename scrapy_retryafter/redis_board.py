@@ -35,7 +35,7 @@ from typing import Any
 from .board import CooldownBoard, Random, SlotState
 from .breaker import CLOSED, OPEN, Breaker
 from .outage import BACKOFF_MAX, Outage
-from .rate import RateController
+from .rate import MARGIN, RateController
 from .settings import RedisConfig
 
 __all__ = ["RedisBoard", "RedisBoardUnavailable", "EXCHANGE"]
@@ -80,12 +80,14 @@ if news > 0 then
   redis.call('PUBLISH', KEYS[4], me)  -- the others exchange now rather than at their next refresh
 end
 -- Paced slots: hand out send times one fleet interval apart (GCRA), never
--- inside the slot's cooldown, at most ``horizon`` seconds ahead.
+-- inside the slot's cooldown, at most ``horizon`` seconds ahead, and one
+-- refresh period ahead at least: a time that is already past when its
+-- process reads it would be sent late, too close to the next process's.
 local leases = {}
 for _ = 1, nclaims do
   local slot, want, rate = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
   local key = active_prefix .. slot .. ':next'
-  local t = math.max(now, tonumber(redis.call('GET', key) or '0'), tonumber(redis.call('ZSCORE', KEYS[1], slot) or '0'))
+  local t = math.max(now + horizon / LEASE_AHEAD, tonumber(redis.call('GET', key) or '0'), tonumber(redis.call('ZSCORE', KEYS[1], slot) or '0'))
   local granted = {}
   for n = 1, want do
     if n > 1 and t > now + horizon then break end
@@ -122,7 +124,7 @@ for k = 1, #all, 2 do
   end
 end
 return {cooling, circuits, rates, counts, leases, string.format('%.6f', now)}
-""".replace("CIRCUIT_MEMORY", str(CIRCUIT_MEMORY))
+""".replace("CIRCUIT_MEMORY", str(CIRCUIT_MEMORY)).replace("LEASE_AHEAD", str(LEASE_AHEAD))
 
 
 class RedisBoardUnavailable(RuntimeError):
@@ -198,6 +200,10 @@ class RedisBoard(CooldownBoard):
         self._outage = Outage(clock, rng)
         self.on_remote_cool: Callable[[str, float], None] = lambda slot, seconds: None
         self.on_remote_circuit: Callable[[str, bool], None] = lambda slot, opened: None
+        self.on_sooner: Callable[[str], None] = lambda slot: None
+        self.on_late_lease: Callable[[str], None] = lambda slot: None
+        """A granted send time went by before this process could use it."""
+        """A granted send time came before the one the slot was held for."""
         self.on_lost: Callable[[BaseException], None] = lambda error: None
         self.on_back: Callable[[int], None] = lambda republished: None
         self.on_wake: Callable[[float], None] = lambda when: None
@@ -454,7 +460,12 @@ class RedisBoard(CooldownBoard):
             # A claim that crossed this process's own throttle on the way may fall inside the cooldown.
             granted.extend(t for t in (got + float(offset) for offset in times.split(" ")) if t >= state.cooldown_until)
             if granted:
+                sooner = granted[0] < state.next_paced
                 state.next_paced = granted[0]
+                if sooner:
+                    # The queue holds the slot until the time it last read
+                    # (a fallback, or a later grant): it must look again.
+                    self.on_sooner(slot)
                 self.on_wake(granted[0])
 
     def _pace_after_cooldown(self, slot: str) -> None:
@@ -571,7 +582,29 @@ class RedisBoard(CooldownBoard):
             self._active[slot] = now
             if state.pace is not None:
                 self._want[slot] = (held, now)
+                self._skip_late_leases(slot, state, now)
         return super().ready_at(slot, held)
+
+    def _skip_late_leases(self, slot: str, state: SlotState, now: float) -> None:
+        """Give up granted send times this process is too late for (its loop stalled).
+
+        The fleet's times are one fleet interval apart: a send later than the
+        pace's margin under the limit comes too close to the next process's,
+        which a limiter with no burst answers with a 429 and a cooldown for
+        the whole fleet. Skipping costs one interval.
+        """
+        granted = self._leases.get(slot)
+        if not granted or granted[0] >= now or self.lost or state.pace is None:
+            return
+        late = (1 - MARGIN) / state.pace.rate
+        skipped = False
+        while granted and granted[0] < now - late:
+            granted.popleft()
+            skipped = True
+        if skipped:
+            self.on_late_lease(slot)
+            wait = max(self.share(slot) / state.pace.rate, LEASE_AHEAD * self.redis_config.refresh)
+            state.next_paced = granted[0] if granted else now + wait
 
     def throttled(self, slot: str, sent_at: float, beta: float = 0.7) -> float | None:
         rate = super().throttled(slot, sent_at, beta)

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from scrapy_retryafter.breaker import CLOSED, OPEN
+from scrapy_retryafter.rate import MARGIN
 from scrapy_retryafter.redis_board import RedisBoard, RedisBoardUnavailable
 from scrapy_retryafter.settings import RedisConfig
 
@@ -116,6 +117,48 @@ def test_a_cut_pace_is_adopted_and_split_between_the_senders(pair):
     assert a.share(SLOT) == b.share(SLOT) == 2.0
     b.released(SLOT)
     assert b.ready_at(SLOT) - b.clock() == pytest.approx(2.0 / rate, abs=0.05)
+
+
+def test_a_send_time_granted_before_the_one_the_slot_waits_for_makes_the_queue_look_again(redis_server, prefix):
+    a = board(redis_server.url, prefix)
+    try:
+        sooner: list[str] = []
+        a.on_sooner = sooner.append
+        a.throttled(SLOT, sent_at=a.clock())
+        a.released(SLOT)  # nothing granted yet: the slot waits for a fallback time
+        fallback = a.ready_at(SLOT)
+        assert fallback > a.clock() + 0.2
+        assert a.sync()  # asks the fleet for send times; the schedule is free, so one comes at once
+        assert sooner == [SLOT]
+        assert a.ready_at(SLOT) < fallback - 0.2
+    finally:
+        a.stop()
+
+
+def test_granted_send_times_come_ahead_and_one_this_process_is_too_late_for_is_skipped(redis_server, prefix):
+    stalled = [0.0]
+    config = RedisConfig(url=redis_server.url, params={}, prefix=prefix)
+    a = RedisBoard(config, clock=lambda: time.monotonic() + stalled[0])
+    a.connect()
+    a.start()
+    try:
+        late: list[str] = []
+        a.on_late_lease = late.append
+        rate = a.throttled(SLOT, sent_at=a.clock())
+        a.released(SLOT)
+        a.ready_at(SLOT)
+        assert a.sync()
+        granted = a.ready_at(SLOT)
+        # Granted a refresh period ahead at least, so it is here before it is due.
+        assert granted >= a.clock() + 0.09
+        assert late == []
+        stalled[0] = granted - time.monotonic() + 0.5 * (1 - MARGIN) / rate  # due, within the margin: used
+        assert a.ready_at(SLOT) == 0.0 and late == []
+        stalled[0] = granted - time.monotonic() + 2 * (1 - MARGIN) / rate  # the loop stalled past the margin
+        assert a.ready_at(SLOT) > a.clock()  # not sent now: it would come too close to the next process's send
+        assert late == [SLOT]
+    finally:
+        a.stop()
 
 
 def test_a_process_that_stops_leaves_the_sender_count(pair, redis_server, prefix):
