@@ -201,9 +201,9 @@ class RedisBoard(CooldownBoard):
         self.on_remote_cool: Callable[[str, float], None] = lambda slot, seconds: None
         self.on_remote_circuit: Callable[[str, bool], None] = lambda slot, opened: None
         self.on_sooner: Callable[[str], None] = lambda slot: None
+        """A granted send time came before the one the slot was held for."""
         self.on_late_lease: Callable[[str], None] = lambda slot: None
         """A granted send time went by before this process could use it."""
-        """A granted send time came before the one the slot was held for."""
         self.on_lost: Callable[[BaseException], None] = lambda error: None
         self.on_back: Callable[[int], None] = lambda republished: None
         self.on_wake: Callable[[float], None] = lambda when: None
