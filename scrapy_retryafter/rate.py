@@ -152,7 +152,7 @@ class RateController:
             self.peak = self.rate = max(self.min_rate, base * self.beta * self.beta)
         else:
             self.rate = max(self.min_rate, base * self.beta)
-            if abs(base * MARGIN - self.peak) <= 0.1 * self.peak:
+            if self._at_peak(base):
                 self.scale = STEADY_SCALE
                 if base > self.peak:
                     # A probe just past the plateau was refused: the limit is where it was.
@@ -160,6 +160,10 @@ class RateController:
             self.peak = base * MARGIN
         self._regrow_from(base, now)
         return self.rate
+
+    def _at_peak(self, refused: float) -> bool:
+        """A pace refused about where the last one was: the limit is pinned down."""
+        return abs(refused * MARGIN - self.peak) <= 0.1 * self.peak
 
     def _regrow_from(self, refused: float, now: float) -> None:
         """The cut is made: the cubic curve restarts now, back up to ``peak``."""
@@ -175,7 +179,7 @@ class RateController:
         down to the floor in turn.
         """
         base = rate / self.beta
-        steady = abs(base * MARGIN - self.peak) <= 0.1 * self.peak
+        steady = self._at_peak(base)
         self.starting = False
         self.passed = 0.0
         self.rate = max(self.min_rate, rate)

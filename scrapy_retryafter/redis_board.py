@@ -567,8 +567,7 @@ class RedisBoard(CooldownBoard):
             if self.lost:
                 self._leases.pop(slot, None)  # paced on this process's share alone
             else:
-                wait = max(self.share(slot) / state.pace.rate, LEASE_AHEAD * self.redis_config.refresh)
-                state.next_paced = granted[0] if granted else now + wait
+                self._next_granted(slot, state, granted, now)
         if state is not None and state.breaker is not None and state.breaker.probing and not probing:
             # This process sends the probe: the rest of the fleet holds meanwhile.
             self._opened_at[slot] = self.clock()
@@ -603,8 +602,13 @@ class RedisBoard(CooldownBoard):
             skipped = True
         if skipped:
             self.on_late_lease(slot)
-            wait = max(self.share(slot) / state.pace.rate, LEASE_AHEAD * self.redis_config.refresh)
-            state.next_paced = granted[0] if granted else now + wait
+            self._next_granted(slot, state, granted, now)
+
+    def _next_granted(self, slot: str, state: SlotState, granted: Any, now: float) -> None:
+        """The slot's next send: its next granted time, or a fallback if none comes by then."""
+        assert state.pace is not None
+        wait = max(self.share(slot) / state.pace.rate, LEASE_AHEAD * self.redis_config.refresh)
+        state.next_paced = granted[0] if granted else now + wait
 
     def throttled(self, slot: str, sent_at: float, beta: float = 0.7) -> float | None:
         rate = super().throttled(slot, sent_at, beta)
