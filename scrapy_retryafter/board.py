@@ -357,11 +357,13 @@ class CooldownBoard:
                 state.refuse_until = max(state.refuse_until, now + refuse)
             if "breaker" in entry:
                 breaker = state.breaker = state.breaker or Breaker()
-                breaker.consecutive = int(entry.get("breaker_consecutive", 0))
-                if entry["breaker"] != CLOSED:
-                    # Open or half-open when paused: open until its time is up, then one probe.
-                    breaker.state = OPEN
-                    breaker.opened_until = now + max(0.0, float(entry.get("breaker_open", 0.0)) - elapsed)
+                # Open or half-open when paused: open until its time is up, then one probe.
+                open_until = (
+                    now + max(0.0, float(entry.get("breaker_open", 0.0)) - elapsed)
+                    if entry["breaker"] != CLOSED
+                    else None
+                )
+                breaker.restore(int(entry.get("breaker_consecutive", 0)), open_until)
             if "rate" in entry:
                 state.pace = state.pace or RateController()
                 state.pace.restored(float(entry["rate"]), now)

@@ -66,6 +66,25 @@ class Breaker:
             self.probing = True
             self.opened_until = now + probe_timeout
 
+    def force_open(self, until: float) -> bool:
+        """Hold the circuit open until ``until`` (another process opened it, or a
+        paused job resumes); return True when it was closed before."""
+        was_closed = self.state == CLOSED
+        self.state = OPEN
+        self.opened_until = until
+        self.probing = False
+        self.consecutive = 0
+        return was_closed
+
+    def restore(self, consecutive: int, open_until: float | None) -> None:
+        """Take back a saved breaker: its streak, and open until ``open_until``
+        when it was open or half-open at the save (then one probe, as usual)."""
+        self.consecutive = max(0, int(consecutive))
+        if open_until is not None:
+            self.state = OPEN
+            self.opened_until = open_until
+            self.probing = False
+
     def _open(self, now: float, open_seconds: float) -> bool:
         self.state = OPEN
         self.opened_until = now + open_seconds

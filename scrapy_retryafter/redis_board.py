@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .board import CooldownBoard, Random, SlotState
-from .breaker import CLOSED, OPEN, Breaker
+from .breaker import CLOSED, Breaker
 from .outage import BACKOFF_MAX, Outage
 from .rate import MARGIN, RateController
 from .settings import RedisConfig
@@ -495,12 +495,8 @@ class RedisBoard(CooldownBoard):
         if state.breaker is None:
             state.breaker = Breaker()
         breaker = state.breaker
-        was_closed = breaker.state == CLOSED
-        if was_closed or until > breaker.opened_until + _SAME:
-            breaker.state = OPEN
-            breaker.opened_until = until
-            breaker.probing = False
-            breaker.consecutive = 0
+        if breaker.state == CLOSED or until > breaker.opened_until + _SAME:
+            was_closed = breaker.force_open(until)
             self._opened_at[slot] = now
             if was_closed:
                 self.on_remote_circuit(slot, True)

@@ -73,3 +73,20 @@ def test_the_retry_budget_refills_with_successes_gRPC_style():
     for _ in range(20):
         board.success("a", 0.1, 10.0)
     assert board.spend_blind_retry("a", 10.0) is True  # 5 + 2 - 1 = 6
+
+
+def test_force_open_holds_until_the_given_time_and_says_whether_it_was_closed() -> None:
+    breaker = Breaker()
+    assert breaker.force_open(50.0) is True
+    assert breaker.ready_at(10.0) == 50.0
+    assert breaker.force_open(60.0) is False
+    assert breaker.ready_at(55.0) == 60.0
+    assert breaker.ready_at(60.0) == 0.0  # half-open: one probe may go
+
+
+def test_restore_keeps_the_streak_and_reopens_a_saved_open_circuit() -> None:
+    breaker = Breaker()
+    breaker.restore(3, None)
+    assert breaker.state == CLOSED and breaker.consecutive == 3
+    breaker.restore(0, 20.0)
+    assert breaker.state == OPEN and breaker.ready_at(5.0) == 20.0
