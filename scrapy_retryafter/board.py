@@ -304,6 +304,12 @@ class CooldownBoard:
     def _forget_if_done(self, slot: str, state: SlotState, now: float) -> None:
         if self._done(state, now):
             del self._slots[slot]
+            self.forgot(slot)
+
+    def forgot(self, slot: str) -> None:
+        """Called once a slot's state is dropped: whoever keeps anything per slot
+        beside the board (a fleet backend, a tally) drops it here, so nothing per
+        slot outlives the board's own memory of it."""
 
     def sweep(self) -> int:
         """Drop every slot with nothing left to remember; return how many."""
@@ -311,6 +317,7 @@ class CooldownBoard:
         done = [slot for slot, state in self._slots.items() if self._done(state, now)]
         for slot in done:
             del self._slots[slot]
+            self.forgot(slot)
         idle = [slot for slot, meter in self._meters.items() if meter.idle(now, 10.0)]
         for slot in idle:
             del self._meters[slot]
