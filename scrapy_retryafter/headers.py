@@ -205,23 +205,20 @@ def parse_retry_after(
     when that is within a day of ``now`` (see ``reference_time``), else from
     ``now``; a date in the past means 0.0.
     """
-    waits = []
+    pieces: list[str] = []
     for raw in _values(value):
         text = _text(raw) if isinstance(raw, (str, bytes)) else None
-        if not text:
+        if text:
+            pieces.extend(_split(text))
+    waits = []
+    reference: datetime | None = None
+    for piece in pieces[:_MAX_VALUES]:
+        if _SECONDS.fullmatch(piece):
+            waits.append(min(float(piece), MAX_WAIT))
             continue
-        for piece in _split(text):
-            wait = _one(piece, now, date)
-            if wait is not None:
-                waits.append(wait)
+        if reference is None:
+            reference = reference_time(date, now)
+        when = parse_http_date(piece, reference)
+        if when is not None:
+            waits.append(min(max(0.0, (when - reference).total_seconds()), MAX_WAIT))
     return max(waits) if waits else None
-
-
-def _one(text: str, now: datetime | None, date: str | bytes | datetime | None) -> float | None:
-    if _SECONDS.fullmatch(text):
-        return min(float(text), MAX_WAIT)
-    reference = reference_time(date, now)
-    when = parse_http_date(text, reference)
-    if when is None:
-        return None
-    return min(max(0.0, (when - reference).total_seconds()), MAX_WAIT)
