@@ -51,6 +51,8 @@ CLOCK_SLACK = 86400.0
 MAX_HOST = 512
 MAX_REASON = 200
 LOCK_TIMEOUT = 10.0
+STALE_LOCK = 60.0
+"""Without flock, a lock file this old was left by a process that died holding it."""
 _RECORD_BYTES = 1024
 _BAD_BYTES = 1 << 20
 
@@ -396,7 +398,10 @@ class HostMemory:
             raise HostMemoryError(f"{target} is a symlink: not replaced")
         if target.exists() and not target.is_file():
             raise HostMemoryError(f"{target} is not a regular file: move it away or set another path")
-        fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        except OSError as error:
+            raise HostMemoryError(f"cannot write beside {target}: {error.strerror or error}") from None
         try:
             try:
                 os.fchmod(fd, 0o600)
@@ -455,6 +460,12 @@ class HostMemory:
                 fd = os.open(self.lock_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 break
             except FileExistsError:
+                try:
+                    if os.lstat(self.lock_path).st_mtime < time.time() - STALE_LOCK:
+                        os.unlink(self.lock_path)
+                        continue
+                except FileNotFoundError:
+                    continue
                 if time.monotonic() >= deadline:
                     raise HostMemoryError(f"{self.lock_path} stayed locked for {self.lock_timeout:g}s") from None
                 time.sleep(0.005)

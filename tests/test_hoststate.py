@@ -475,3 +475,30 @@ def test_processes_saving_at_once_lose_nothing(tmp_path):
     for k in range(3):  # the newest pace, whichever process wrote last
         assert loaded[f"pace-{k}.test"].pace.rate == float(last)
     assert len(loaded) == PROCESSES * SAVES + 1 + 3
+
+
+def test_without_fcntl_a_lock_left_by_a_dead_process_is_broken(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "fcntl", None)
+    store = memory(tmp_path, lock_timeout=0.05)
+    store.path.parent.mkdir(parents=True)
+    store.lock_path.write_text("")
+    with pytest.raises(HostMemoryError, match="stayed locked"):
+        store.save({"a.test": paced(1.0)})
+    old = os.stat(store.lock_path).st_mtime - 120
+    os.utime(store.lock_path, (old, old))
+    store.save({"a.test": paced(1.0)})
+    assert set(store.load()) == {"a.test"}
+
+
+def test_a_read_only_file_system_is_a_clear_error(tmp_path, monkeypatch):
+    import tempfile
+
+    def read_only(**kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    store = memory(tmp_path)
+    store.save({"a.test": paced(1.0)})
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    with pytest.raises(HostMemoryError, match="Read-only file system"):
+        store.save({"b.test": paced(1.0)})
+    assert set(store.load()) == {"a.test"}
