@@ -335,7 +335,7 @@ class HostMemory:
         return merge_all(records, now=now, max_age=self.max_age, max_hosts=self.max_hosts)
 
     def save(self, learned: Mapping[str, HostRecord]) -> int:
-        """Merge what this run learned into the file; returns how many hosts the file now holds.
+        """Merge what this run learned into the file; returns how many hosts it holds (0: nothing to save).
 
         Nothing is created or written when nothing was learned, or when the
         file already says all of it. Raises HostMemoryError (an OSError) when
