@@ -174,7 +174,7 @@ def _split(text: str) -> list[str]:
     A date's own comma follows its day name, so a piece that is only a day
     name is glued back to the piece after it.
     """
-    pieces = [piece.strip(" \t") for piece in text.split(",")]
+    pieces = [piece.strip(" \t") for piece in text.split(",", 2 * _MAX_VALUES)]
     values: list[str] = []
     glue = ""
     for piece in pieces:
@@ -207,6 +207,8 @@ def parse_retry_after(
     """
     pieces: list[str] = []
     for raw in _values(value):
+        if len(pieces) >= _MAX_VALUES:
+            break
         text = _text(raw) if isinstance(raw, (str, bytes)) else None
         if text:
             pieces.extend(_split(text))
