@@ -5,7 +5,10 @@ Three dialects are in the wild: the IETF structured fields (``RateLimit`` and
 and the de-facto ``X-RateLimit-*``, whose reset is a delta or an epoch
 timestamp depending on the server. Values that make no sense are reported as
 invalid rather than trusted: reading an epoch as a delta must never park a
-slot for 56 years. Pure: the caller passes the wall-clock time.
+slot for 56 years. Every number is bounded before it leaves: resets and
+windows at a week, counts at a billion, a stated pace at a million requests
+per second, so no quota from one a week to a million a second overflows
+anything downstream. Pure: the caller passes the wall-clock time.
 """
 
 from __future__ import annotations
@@ -21,6 +24,12 @@ _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 _EPOCH = 1e9  # a reset this large is a timestamp (2001-09-09 onwards), not a delta
 _EPOCH_MS = 1e12
 _MAX_RESET = 86400.0 * 7
+"""The longest reset or window believed: a slot is never refused for longer."""
+_MIN_WINDOW = 0.001
+_MAX_COUNT = 1e9
+"""More than any quota or remainder a server means: a longer digit string is clipped, not trusted to infinity."""
+MAX_RATE = 1e6
+"""The fastest stated pace kept, requests per second: faster is no pace at all."""
 
 Get = Callable[[bytes], "bytes | None"]
 
@@ -32,6 +41,7 @@ class RateLimitFacts:
     """Seconds until the quota is refilled."""
     quota: float | None = None
     window: float | None = None
+    """Seconds, between a millisecond and a week."""
     invalid: bool = False
     reset_at: float | None = None
     """The reset as the epoch timestamp the server sent, when it sent one."""
@@ -49,7 +59,7 @@ def quota_pace(quota: float, window: float) -> float:
     seconds, whatever its phase; at r = (q-1)/w, q+1 of them would need q
     intervals inside one window even after the board's late-release credit
     (a tenth of an interval), so no window gets more than its quota."""
-    return max(quota - 1.0, quota / 2) / window
+    return min(max(quota - 1.0, quota / 2) / max(window, _MIN_WINDOW), MAX_RATE)
 
 
 class QuotaWindows:
@@ -70,7 +80,7 @@ class QuotaWindows:
     def window(self, slot: str, reset_at: float) -> float | None:
         previous, window = self._seen.get(slot, (reset_at, 0.0))
         if reset_at > previous:
-            window = reset_at - previous
+            window = min(reset_at - previous, _MAX_RESET)
         elif slot not in self._seen and len(self._seen) >= self.most:
             self._seen.clear()  # a broad crawl: start over rather than grow
         self._seen[slot] = (max(previous, reset_at), window)
@@ -103,11 +113,36 @@ def _number(text: str | None) -> float | None:
     return float(text)
 
 
+def _count(text: str | None) -> float | None:
+    value = _number(text)
+    return None if value is None else min(value, _MAX_COUNT)
+
+
+def _seconds(text: str | None) -> float | None:
+    value = _number(text)
+    return None if value is None else _bounded_reset(value)
+
+
+def _bounded_reset(value: float) -> float:
+    """Between 0 and a week, and never so near 0 that a quota spread over it is infinite."""
+    if value <= 0.0:
+        return 0.0
+    return min(max(value, _MIN_WINDOW), _MAX_RESET)
+
+
+def _window(text: str | None) -> float | None:
+    """A window of 0 says nothing; one of a billion seconds is read as a week."""
+    value = _number(text)
+    if not value:
+        return None
+    return min(max(value, _MIN_WINDOW), _MAX_RESET)
+
+
 def _first_number(text: str | None) -> float | None:
     """``100`` or ``100, 100;w=60``: the leading number."""
     if text is None:
         return None
-    return _number(text.split(",")[0].split(";")[0].strip())
+    return _count(text.split(",")[0].split(";")[0].strip())
 
 
 def _items(text: str) -> list[dict[str, str]]:
@@ -135,7 +170,7 @@ def _reset(value: float, now_epoch: float) -> tuple[float, float | None]:
         value = reset_at - now_epoch
     if value > _MAX_RESET:
         raise _Invalid
-    return max(0.0, value), reset_at
+    return _bounded_reset(value), reset_at
 
 
 _PREFIXES = (b"ratelimit", b"x-ratelimit")
@@ -168,11 +203,11 @@ def _ietf(get: Get) -> RateLimitFacts | None:
     remaining = reset = quota = window = None
     if limit:
         # Several policies: the one with the least left is the one that binds.
-        states = [(_number(i.get("r")), _number(i.get("t"))) for i in _items(limit) if "r" in i]
+        states = [(_count(i.get("r")), _seconds(i.get("t"))) for i in _items(limit) if "r" in i]
         if states:
             remaining, reset = min(states, key=lambda s: s[0] if s[0] is not None else math.inf)
     if policy:
-        policies = [(_number(i.get("q")), _number(i.get("w"))) for i in _items(policy) if "q" in i]
+        policies = [(_count(i.get("q")), _window(i.get("w"))) for i in _items(policy) if "q" in i]
         rates = [(q / w if w else math.inf, q, w) for q, w in policies if q is not None and w]
         if rates:
             _, quota, window = min(rates)
@@ -180,7 +215,7 @@ def _ietf(get: Get) -> RateLimitFacts | None:
 
 
 def _draft(get: Get, now_epoch: float) -> RateLimitFacts | None:
-    remaining = _number(_text(get(b"RateLimit-Remaining")))
+    remaining = _count(_text(get(b"RateLimit-Remaining")))
     reset_text = _text(get(b"RateLimit-Reset"))
     limit_text = _text(get(b"RateLimit-Limit"))
     if remaining is None and reset_text is None and limit_text is None:
@@ -189,7 +224,7 @@ def _draft(get: Get, now_epoch: float) -> RateLimitFacts | None:
     quota = _first_number(limit_text)
     window = None
     if limit_text and "w=" in limit_text:
-        window = _number(limit_text.split("w=")[1].split(",")[0].split(";")[0].strip())
+        window = _window(limit_text.split("w=")[1].split(",")[0].split(";")[0].strip())
     reset_at = None
     if reset is not None:
         reset, reset_at = _reset(reset, now_epoch)
@@ -197,8 +232,8 @@ def _draft(get: Get, now_epoch: float) -> RateLimitFacts | None:
 
 
 def _de_facto(get: Get, now_epoch: float) -> RateLimitFacts | None:
-    remaining = _number(_text(get(b"X-RateLimit-Remaining")))
-    reset_after = _number(_text(get(b"X-RateLimit-Reset-After")))
+    remaining = _count(_text(get(b"X-RateLimit-Remaining")))
+    reset_after = _seconds(_text(get(b"X-RateLimit-Reset-After")))
     reset_text = _text(get(b"X-RateLimit-Reset"))
     if remaining is None and reset_after is None and reset_text is None:
         return None
@@ -207,8 +242,6 @@ def _de_facto(get: Get, now_epoch: float) -> RateLimitFacts | None:
     if reset is not None:
         if reset_after is None:
             reset, reset_at = _reset(reset, now_epoch)
-        else:
-            reset = min(reset, _MAX_RESET)
     quota = _first_number(_text(get(b"X-RateLimit-Limit")))
     return RateLimitFacts(remaining, reset, quota, None, reset_at=reset_at)
 
@@ -223,5 +256,5 @@ def parse_retry_after_ms(get: Get) -> float | None:
             value = _number(_text(raw))
         except _Invalid:
             return None
-        return None if value is None else value / 1000.0
+        return None if value is None else min(value / 1000.0, _MAX_RESET)
     return None

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scrapy_retryafter.backoff import STRATEGIES
 from scrapy_retryafter.policy import IDEMPOTENT_METHODS, Decision, SlotPolicy, decide
 
 DEFAULT = SlotPolicy()
@@ -297,3 +298,27 @@ def test_backoff_cooldown_bounded(throttles, retry_after, seed):
     decision = _decide(throttles=throttles, retry_after=retry_after, rng=random.Random(seed))
     assert 0.0 <= decision.cooldown <= DEFAULT.backoff_max
     assert decision.cooldown <= DEFAULT.backoff_base * 2.0 ** min(throttles - 1, 1000)
+
+
+_ANY_FLOAT = st.one_of(st.none(), st.floats(), st.sampled_from([math.inf, -math.inf, math.nan, 1e308, -0.0, 5e-324]))
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    retry_after=_ANY_FLOAT,
+    previous_wait=_ANY_FLOAT,
+    strategy=st.sampled_from(sorted(STRATEGIES)),
+    throttles=st.integers(min_value=1, max_value=10**6),
+    seed=st.integers(min_value=0, max_value=2**32),
+)
+def test_no_number_makes_a_decision_unbounded(retry_after, previous_wait, strategy, throttles, seed):
+    """A Retry-After or a last wait of any value, even one a parser should never give: a bounded decision."""
+    policy = SlotPolicy(backoff_strategy=strategy)
+    decision = decide(
+        policy, status=429, method="GET", has_idempotency_key=False, throttles=throttles,
+        retry_after=retry_after, rng=random.Random(seed), previous_wait=previous_wait,
+    )
+    assert math.isfinite(decision.cooldown)
+    assert 0.0 <= decision.cooldown <= max(policy.max_delay * policy.pad, policy.backoff_max)
+    assert 0.0 <= decision.refuse <= 7 * 86400.0
+    assert decision.refuse == 0.0 or decision.cooldown == 0.0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from scrapy.http import Headers
 
@@ -156,3 +156,129 @@ def test_quota_windows_stay_bounded_over_a_broad_crawl():
     for i in range(1000):
         windows.window(f"host{i}", NOW)
     assert len(windows._seen) <= 100
+
+
+WEEK = 7 * 86400.0
+
+
+@pytest.mark.parametrize(
+    "headers, window, reset, remaining, quota",
+    [
+        # the decades-long stall: a window of a billion seconds is read as a week
+        ({"RateLimit_Policy": '"d";q=1;w=1000000000'}, WEEK, None, None, 1),
+        ({"RateLimit_Policy": '"d";q=1;w=' + "9" * 400}, WEEK, None, None, 1),  # inf as digits
+        ({"RateLimit_Policy": '"d";q=' + "9" * 400 + ";w=1"}, 1.0, None, None, 1e9),
+        ({"RateLimit_Policy": '"d";q=1;w=0.0000001'}, 0.001, None, None, 1),
+        ({"RateLimit_Policy": '"d";q=5;w=0'}, None, None, None, None),  # no window: no pace
+        ({"RateLimit": '"d";r=0;t=1000000000'}, None, WEEK, 0, None),
+        ({"RateLimit": '"d";r=' + "9" * 400 + ";t=1"}, None, 1.0, 1e9, None),
+        ({"RateLimit": '"d";r=0;t=0.0000000001'}, None, 0.001, 0, None),
+        ({"RateLimit_Limit": "10, 10;w=99999999999", "RateLimit_Remaining": "1"}, WEEK, None, 1, 10),
+        ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset_After": "99999999999"}, None, WEEK, 0, None),
+        ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": str(int(NOW + 0.0001))}, None, 0.0, 0, None),
+        ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": "1" + "0" * 300}, None, "invalid", None, None),
+        ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": str(int(NOW + 8 * 86400))}, None, "invalid", None, None),
+    ],
+)
+def test_every_number_is_bounded(headers, window, reset, remaining, quota):
+    got = facts(**headers)
+    assert got is not None
+    if reset == "invalid":
+        assert got.invalid
+        return
+    assert not got.invalid
+    assert got.window == window
+    assert got.reset == reset
+    assert got.remaining == remaining
+    assert got.quota == quota
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"RateLimit_Policy": '"d";q=1;w=1e300'},  # no exponents in a structured field
+        {"RateLimit_Policy": '"d";q=1;w=-5'},
+        {"RateLimit_Policy": '"d";q=1;w=inf'},
+        {"RateLimit_Policy": '"d";q=nan;w=1'},
+        {"RateLimit_Policy": '"d";q=0x10;w=1'},
+        {"RateLimit_Policy": '"d";q=+5;w=1'},
+        {"RateLimit_Policy": '"d";q=5.;w=1'},
+        {"RateLimit_Policy": '"d";q=.5;w=1'},
+        {"RateLimit_Policy": '"d";q=\u0663;w=1'},
+        {"RateLimit": '"d";r=1e309;t=1'},
+        {"X_RateLimit_Remaining": "1\x00"},
+        {"X_RateLimit_Remaining": "5" * 10_000},  # 10 KB
+        {"X_RateLimit_Limit": "60", "X_RateLimit_Remaining": "-1", "X_RateLimit_Reset": "5"},
+    ],
+)
+def test_hostile_numbers_are_invalid_not_trusted(headers):
+    got = parse_ratelimit(Headers({k.replace("_", "-"): v.encode("utf-8") for k, v in headers.items()}).get, NOW)
+    assert got is not None and got.invalid
+
+
+@pytest.mark.parametrize(
+    "quota, window",
+    [(1, 86400), (1, WEEK), (60, 3600), (5000, 3600), (1_000_000, 1), (10**9, 0.001), (1, 10**9)],
+)
+def test_quotas_from_one_a_day_to_a_million_a_second_have_a_finite_pace(quota, window):
+    got = facts(RateLimit_Policy=f'"d";q={quota};w={window}')
+    assert got is not None and got.rate is not None
+    assert 0 < got.rate <= 1e6
+    assert 1 / got.rate < float("inf")
+
+
+def test_retry_after_ms_is_bounded():
+    assert parse_retry_after_ms(Headers({"Retry-After-Ms": "9" * 400}).get) == WEEK
+    assert parse_retry_after_ms(Headers({"Retry-After-Ms": "-5"}).get) is None
+    assert parse_retry_after_ms(Headers({"Retry-After-Ms": "1e309"}).get) is None
+
+
+def test_a_window_learned_from_far_apart_resets_is_at_most_a_week():
+    windows = QuotaWindows()
+    windows.window("a", NOW - 30 * 86400)
+    assert windows.window("a", NOW + 86400) == WEEK
+
+
+_NAMES = [
+    "RateLimit", "RateLimit-Policy", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset",
+    "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "X-RateLimit-Reset-After",
+    "Retry-After-Ms", "X-Ms-Retry-After-Ms",
+]
+_NUMBERS = st.one_of(
+    st.integers(min_value=-(10**400), max_value=10**400).map(str),
+    st.floats().map(repr),
+    st.floats(min_value=0, allow_infinity=False).map(lambda f: f"{f:.12f}"),
+    st.integers(min_value=0, max_value=10**14).map(lambda n: str(n + int(NOW) * (n % 2))),
+)
+_VALUES = st.one_of(
+    _NUMBERS,
+    st.text(max_size=80),
+    st.tuples(st.sampled_from(["q", "w", "r", "t"]), _NUMBERS, st.sampled_from(["q", "w", "r", "t"]), _NUMBERS).map(
+        lambda t: f'"p";{t[0]}={t[1]};{t[2]}={t[3]}'
+    ),
+    st.tuples(_NUMBERS, _NUMBERS).map(lambda t: f"{t[0]}, {t[0]};w={t[1]}"),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.dictionaries(st.sampled_from(_NAMES), _VALUES), st.floats(min_value=0, max_value=4e9))
+def test_any_headers_give_bounded_facts(headers, now):
+    raw = {name: value.encode("utf-8", "surrogatepass") for name, value in headers.items()}
+    got = parse_ratelimit(Headers(raw).get, now)
+    ms = parse_retry_after_ms(Headers(raw).get)
+    assert ms is None or 0 <= ms <= WEEK
+    if got is None or got.invalid:
+        return
+    assert got.reset is None or (got.reset == 0 or 0.001 <= got.reset <= WEEK)
+    assert got.window is None or 0.001 <= got.window <= WEEK
+    assert got.quota is None or 0 <= got.quota <= 1e9
+    assert got.remaining is None or 0 <= got.remaining <= 1e9
+    assert got.rate is None or 0 < got.rate <= 1e6
+    assert got.reset_at is None or got.reset_at - now <= WEEK
+    if got.remaining is not None and got.reset:
+        assert got.remaining / got.reset < float("inf")  # the spread the caller may compute
+    windows = QuotaWindows()
+    if got.reset_at is not None:
+        for shift in (-(10**7), 0, 10**7):
+            window = windows.window("s", got.reset_at + shift)
+            assert window is None or 0 < window <= WEEK
