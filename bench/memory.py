@@ -21,16 +21,9 @@ import time
 import tracemalloc
 
 from scrapy_retryafter.board import CooldownBoard
+from scrapy_retryafter.testing.clock import FakeClock
 
 SWEEP_INTERVAL = 30.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def live_slots(board: CooldownBoard) -> int:
@@ -59,7 +52,7 @@ def main() -> None:
     parser.add_argument("--throttled", type=float, default=0.02, help="share of hosts that answer one 429")
     args = parser.parse_args()
     rng = random.Random(7)
-    clock = Clock()
+    clock = FakeClock(0.0)
     started = time.monotonic()
     tracemalloc.start()
     baseline = board_bytes()

@@ -10,19 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scrapy_retryafter.board import CooldownBoard, next_release
-
-
-class FakeClock:
-    """A clock that only moves when the test says so."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from scrapy_retryafter.testing.clock import FakeClock
 
 
 class FakeRng:
@@ -39,11 +27,6 @@ class FakeRng:
     def uniform(self, a: float, b: float) -> float:
         self.draws += 1
         return a + (b - a) * self.fraction
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
 
 
 @pytest.fixture
