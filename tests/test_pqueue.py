@@ -176,7 +176,7 @@ class SameOrderAsLookingAtEverySlot(BothQueuesAlike):
 
     def __init__(self) -> None:
         super().__init__()
-        self.theirs = EverySlotLooked(self.crawler, self.ours._board)
+        self.theirs = EverySlotLooked(self.crawler, RetryAfterExtension.of(self.crawler).board)
 
     @rule(host=st.sampled_from(HOSTS))
     def start(self, host: str) -> None:
@@ -188,7 +188,7 @@ class SameOrderAsLookingAtEverySlot(BothQueuesAlike):
 
     @rule(host=st.sampled_from(HOSTS), seconds=st.sampled_from([0.5, 1.0, 3.0]))
     def cool(self, host: str, seconds: float) -> None:
-        self.ours._board.cool(host, seconds)
+        RetryAfterExtension.of(self.crawler).board.cool(host, seconds)
 
     @rule(seconds=st.sampled_from([0.25, 1.0, 2.0]))
     def wait(self, seconds: float) -> None:
@@ -248,7 +248,7 @@ def test_a_cooling_slot_waits_while_others_keep_scrapys_order(crawler, way):
             ours.push(Request(f"http://{host}/{n}"))
             if host != "b.test":
                 theirs.push(Request(f"http://{host}/{n}"))
-    ours._board.cool("b.test", 5.0)
+    RetryAfterExtension.of(crawler).board.cool("b.test", 5.0)
     for _ in range(6):
         assert url(ours.pop()) == url(theirs.pop())
     assert ours.pop() is None
@@ -260,7 +260,7 @@ def test_a_cooling_slot_waits_while_others_keep_scrapys_order(crawler, way):
 def test_a_closed_circuit_frees_its_slot_before_the_time_it_was_held_for(crawler, way):
     clock = FakeClock()
     ours, _ = make_queues(crawler, clock)
-    board = ours._board
+    board = RetryAfterExtension.of(crawler).board
     ours.push(Request("http://a.test/0"))
     ours.push(Request("http://a.test/1"))
     assert board.breaker_throttled("a.test", clock.now, threshold=1, open_seconds=60.0)
