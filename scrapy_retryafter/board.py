@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from .breaker import CLOSED, OPEN, Breaker
+from .breaker import CLOSED, Breaker
 from .failures import ConsecutiveFailures
 from .quota import QuotaWindows
 from .rate import Meter, RateController
-from .slot_state import Random, SlotState, next_release
+from .slot_state import Random, SlotState, next_release, restored_state, saved_state
 
 __all__ = ["CooldownBoard", "Random", "SlotState", "Throttle", "next_release"]
 
@@ -361,53 +361,12 @@ class CooldownBoard:
         is still cooling or whose circuit is still open.
         """
         now = self.clock()
-        saved: dict[str, dict[str, float | str]] = {}
-        for slot, state in self._slots.items():
-            entry: dict[str, float | str] = {}
-            if state.cooldown_until > now:
-                entry["cooldown"] = state.cooldown_until - now
-            if state.refuse_until > now:
-                entry["refuse"] = state.refuse_until - now
-            breaker = state.breaker
-            if breaker is not None and (breaker.state != CLOSED or breaker.consecutive):
-                entry["breaker"] = breaker.state
-                entry["breaker_open"] = max(0.0, breaker.opened_until - now) if breaker.state == OPEN else 0.0
-                entry["breaker_consecutive"] = breaker.consecutive
-            if state.pace is not None:
-                entry["rate"] = state.pace.rate
-            if state.tokens >= 0:
-                entry["tokens"] = state.tokens
-            if entry:
-                saved[slot] = entry
-        return saved
+        saved = {slot: saved_state(state, now) for slot, state in self._slots.items()}
+        return {slot: entry for slot, entry in saved.items() if entry}
 
     def restore(self, saved: dict[str, dict[str, float | str]], elapsed: float = 0.0) -> int:
         """Load a snapshot taken ``elapsed`` seconds ago; return how many slots it restored."""
         now = self.clock()
-        restored = 0
         for slot, entry in saved.items():
-            state = self._slots.get(slot) or SlotState()
-            cooldown = float(entry.get("cooldown", 0.0)) - elapsed
-            if cooldown > 0:
-                state.cooldown_until = state.wake_end = max(state.cooldown_until, now + cooldown)
-            refuse = float(entry.get("refuse", 0.0)) - elapsed
-            if refuse > 0:
-                state.refuse_until = max(state.refuse_until, now + refuse)
-            if "breaker" in entry:
-                breaker = state.breaker = state.breaker or Breaker()
-                # Open or half-open when paused: open until its time is up, then one probe.
-                open_until = (
-                    now + max(0.0, float(entry.get("breaker_open", 0.0)) - elapsed)
-                    if entry["breaker"] != CLOSED
-                    else None
-                )
-                breaker.restore(int(entry.get("breaker_consecutive", 0)), open_until)
-            if "rate" in entry:
-                state.pace = state.pace or RateController()
-                state.pace.restored(float(entry["rate"]), now)
-            if "tokens" in entry:
-                state.tokens = float(entry["tokens"])
-            state.last_seen = now
-            self._slots[slot] = state
-            restored += 1
-        return restored
+            self._slots[slot] = restored_state(self._slots.get(slot) or SlotState(), entry, now, elapsed)
+        return len(saved)

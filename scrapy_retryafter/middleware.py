@@ -17,11 +17,9 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
-from scrapy.downloadermiddlewares.retry import RetryMiddleware as ScrapyRetryMiddleware
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
 from . import scrapy_compat
-from . import signals as retry_after_signals
 from .extension import RetryAfterExtension, SlotCoolingDown
 from .failures import PREVIOUS_WAIT, past_deadline, stamp_first_attempt
 from .headers import parse_http_date, parse_retry_after
@@ -29,6 +27,7 @@ from .holding import THROTTLES
 from .policy import Decision, SlotPolicy, decide
 from .quota import decide_quota, wants_window
 from .ratelimit import parse_ratelimit, parse_retry_after_ms, speaks_ratelimit
+from .slot_events import SlotEvents
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -57,6 +56,7 @@ class RetryAfterMiddleware:
         self._holding: collections.Counter[str] = collections.Counter()
         """Requests waiting in _hold per slot (middleware-only mode); a slot leaves it with its last one."""
         self._give_up = extension.give_up
+        self.events = SlotEvents(crawler, extension)
         self._watch_responses = any(
             p.adaptive or p.ratelimit_headers for p in (self.config.default, *self.config.slots.values())
         )
@@ -72,41 +72,10 @@ class RetryAfterMiddleware:
         if not extension.config.enabled:
             raise NotConfigured("RETRY_AFTER_ENABLED is False")
         middleware = cls(crawler, extension)
-        crawler.signals.connect(middleware._check_neighbours, signal=signals.spider_opened)
-        crawler.signals.connect(middleware._check_all_retries, signal=signals.spider_opened)
+        crawler.signals.connect(middleware.events.check_neighbours, signal=signals.spider_opened)
+        crawler.signals.connect(middleware.events.check_all_retries, signal=signals.spider_opened)
         crawler.signals.connect(middleware._response_downloaded, signal=signals.response_downloaded)
         return middleware
-
-    def _check_neighbours(self, **kwargs: Any) -> None:
-        """Stop stock RetryMiddleware from retrying our codes a second time."""
-        codes = self.config.default.http_codes
-        for middleware in scrapy_compat.downloader_middlewares(self.crawler):
-            if type(middleware) is ScrapyRetryMiddleware and codes & middleware.retry_http_codes:
-                middleware.retry_http_codes -= codes
-                logger.info(
-                    "Scrapy's RetryMiddleware will not retry %s: RetryAfterMiddleware owns them "
-                    "(ADDONS = {'scrapy_retryafter.Addon': 500} installs a RetryMiddleware that knows it)",
-                    sorted(codes),
-                )
-        if self.crawler.settings.getbool("HTTPCACHE_ENABLED"):
-            ignored = {int(code) for code in self.crawler.settings.getlist("HTTPCACHE_IGNORE_HTTP_CODES")}
-            if not codes <= ignored:
-                logger.warning(
-                    "HTTPCACHE_ENABLED caches throttling responses %s: add them to "
-                    "HTTPCACHE_IGNORE_HTTP_CODES, or use the add-on, which does",
-                    sorted(codes - ignored),
-                )
-
-    def _check_all_retries(self, **kwargs: Any) -> None:
-        """RETRY_AFTER_ALL_RETRIES is carried out by our RetryMiddleware: say so if it is missing."""
-        if not self.config.all_retries or not self.crawler.settings.getbool("RETRY_ENABLED"):
-            return
-        if not self.extension.all_retries_installed:
-            logger.warning(
-                "RETRY_AFTER_ALL_RETRIES is on but scrapy_retryafter.RetryMiddleware is not installed in "
-                "place of Scrapy's RetryMiddleware, so Scrapy's own retries stay in effect "
-                "(ADDONS = {'scrapy_retryafter.Addon': 500} installs it)"
-            )
 
     def process_request(
         self, request: Request, spider: Spider | None = None
@@ -164,7 +133,7 @@ class RetryAfterMiddleware:
         self.extension.tally.responded(slot)
         policy = self.config.policy_for(slot)
         if slot in self.board and self.board.success(slot, policy.budget_token_ratio, policy.budget_max_tokens):
-            self._circuit_closed(slot)
+            self.events.circuit_closed(slot)
         if not self._watch_responses:
             return
         if policy.adaptive and self.board.succeeded(slot):
@@ -244,9 +213,9 @@ class RetryAfterMiddleware:
             refuse=decision.refuse,
         )
         if event.rate_after is not None:
-            self._learnt(slot, event.rate_before, event.rate_after)
+            self.events.pace_cut(slot, event.rate_before, event.rate_after)
         if event.opened:
-            self._circuit_opened(slot, policy)
+            self.events.circuit_opened(slot, policy)
         added = event.added
         self.stats.inc_value("retry_after/throttled")
         self.stats.inc_value(f"retry_after/throttled/{response.status}")
@@ -286,42 +255,6 @@ class RetryAfterMiddleware:
         if facts is not None and not facts.invalid and facts.remaining is not None and facts.remaining < 1:
             return facts.reset
         return None
-
-    def _circuit_opened(self, slot: str, policy: SlotPolicy) -> None:
-        held = self.extension.held(slot)
-        self.stats.inc_value("retry_after/circuit_opened")
-        self.extension.tally.circuit_opened(slot)
-        logger.warning(
-            "Circuit opened for %(slot)s after %(threshold)d consecutive throttles: holding its "
-            "%(held)d request(s) for %(seconds)gs, then one probe",
-            {"slot": slot, "threshold": policy.circuit_threshold, "held": held, "seconds": policy.circuit_open_seconds},
-            extra={"spider": self.crawler.spider},
-        )
-        self.crawler.signals.send_catch_log(
-            retry_after_signals.circuit_opened,
-            slot=slot,
-            until=self.board.clock() + policy.circuit_open_seconds,
-            held=held,
-        )
-
-    def _circuit_closed(self, slot: str) -> None:
-        self.stats.inc_value("retry_after/circuit_closed")
-        logger.warning(
-            "Circuit closed for %(slot)s: a request succeeded, %(held)d request(s) flow again",
-            {"slot": slot, "held": self.extension.held(slot)},
-            extra={"spider": self.crawler.spider},
-        )
-        self.crawler.signals.send_catch_log(retry_after_signals.circuit_closed, slot=slot)
-
-    def _learnt(self, slot: str, before: float | None, after: float) -> None:
-        if before is None:
-            self.stats.inc_value("retry_after/paced_slots")
-        if before is None or abs(after - before) > 0.2 * before:
-            logger.info(
-                "Pacing %(slot)s at %(rate).2f requests/s (was %(before)s)",
-                {"slot": slot, "rate": after, "before": "unpaced" if before is None else f"{before:.2f}/s"},
-                extra={"spider": self.crawler.spider},
-            )
 
     def process_response(
         self, request: Request, response: Response, spider: Spider | None = None
