@@ -77,10 +77,9 @@ def main() -> None:
                 follow_up(pending, clock.now, host, rng)
         slot = f"host{host:07d}.example"
         if throttle:
-            sent_at = clock.now - 0.1
-            board.throttled(slot, sent_at)
-            board.breaker_throttled(slot, sent_at, 5, 60.0)
-            board.cool(slot, 5.0 * 1.25, 1.0)
+            board.throttle(
+                slot, clock.now - 0.1, 5.0 * 1.25, learn=True, wake_jitter=1.0, circuit_threshold=5, circuit_open_seconds=60.0
+            )
         else:
             if slot in board:
                 board.success(slot, 0.1, 10.0)

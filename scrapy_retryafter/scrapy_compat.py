@@ -9,6 +9,7 @@ upgrade is checked here and nowhere else. redis_queue.py still reads
 from __future__ import annotations
 
 import operator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from scrapy.pqueues import DownloaderAwarePriorityQueue
@@ -26,6 +27,7 @@ __all__ = [
     "last_selected",
     "next_slot",
     "nudge_engine",
+    "scheduler_state_file",
     "path_safe",
     "set_last_selected",
     "slot_load",
@@ -99,3 +101,9 @@ def nudge_engine(crawler: Crawler) -> None:
     nextcall = getattr(engine_slot, "nextcall", None)
     if nextcall is not None:
         nextcall.schedule()
+
+
+def scheduler_state_file(jobdir: Path) -> Path:
+    """``JOBDIR/requests.queue/active.json`` (2.13-2.19): the scheduler's saved priority-queue state,
+    a dict for DownloaderAwarePriorityQueue and its subclasses, a list for ScrapyPriorityQueue."""
+    return jobdir / "requests.queue" / "active.json"

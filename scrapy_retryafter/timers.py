@@ -15,7 +15,7 @@ try:  # Scrapy >= 2.14
     from scrapy.utils.asyncio import create_looping_call as _looping_call
 except ImportError:  # pragma: no cover - Scrapy 2.13
     _call_later = None  # type: ignore[assignment]  # mypy checks against 2.19, where the import succeeds
-    _looping_call = None  # type: ignore[assignment]  # the same
+    _looping_call = None  # type: ignore[assignment]  # the same: 2.13 lacks it
 
 __all__ = ["call_from_thread", "call_later", "looping_call", "sleep"]
 
@@ -61,7 +61,7 @@ async def sleep(seconds: float) -> None:
     try:
         from scrapy.utils.asyncio import is_asyncio_available
     except ImportError:  # pragma: no cover - Scrapy 2.13
-        is_asyncio_available = None  # type: ignore[assignment]
+        is_asyncio_available = None  # type: ignore[assignment]  # Scrapy 2.13 has no such helper
     if is_asyncio_available is not None and is_asyncio_available():
         import asyncio
 
