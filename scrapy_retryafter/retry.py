@@ -97,7 +97,7 @@ class RetryMiddleware(ScrapyRetryMiddleware):
 
     def process_request(
         self, request: Request, spider: Spider | None = None
-    ) -> Coroutine[Any, Any, None] | None:
+    ) -> Coroutine[Any, Any, Request | None] | None:
         if not self._all:
             return None
         meta = request.meta
@@ -109,15 +109,15 @@ class RetryMiddleware(ScrapyRetryMiddleware):
             return None
         return self._wait_in_downloader(request, float(not_before))
 
-    async def _wait_in_downloader(self, request: Request, not_before: float) -> None:
+    async def _wait_in_downloader(self, request: Request, not_before: float) -> Request | None:
         """Without CooldownAwarePriorityQueue a backoff can only be waited out here,
         holding a download place (the README says what that costs)."""
         slot = self._retry_after.slot_of(request)
         if await self._retry_after.downloader_hold.wait(request, slot, lambda: not_before - self._wall()):
-            return
+            return None
         detail = "the crawl closed while its retry waited out its backoff"
         wait = max(0.0, not_before - self._wall())
-        self._give_up.at_close(request, slot, detail, request.meta.get("retry_times", 0), wait)
+        return self._give_up.at_close(request, slot, detail, request.meta.get("retry_times", 0), wait)
 
     def process_response(
         self, request: Request, response: Response, spider: Spider | None = None
