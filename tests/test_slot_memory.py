@@ -112,3 +112,17 @@ def test_a_sweep_leaves_only_live_slots_and_a_second_broad_pass_costs_no_more_me
     assert extension.board.kept_slots() <= live
     assert len(extension.board.kept_slots()) >= LIVE
     assert second_peak < first_peak * 1.05, (first_peak, second_peak)
+
+
+def test_the_tally_forgets_only_quiet_slots_that_nothing_keeps():
+    from scrapy_retryafter.tally import SlotTally
+
+    tally = SlotTally()
+    for slot in ("quiet", "live", "throttled", "cooled", "opened"):
+        tally.responded(slot)
+    tally.throttled("throttled", 429, 0.0)
+    tally.cooled("cooled", 2.0)
+    tally.circuit_opened("opened")
+    assert tally.prune(live={"live"}.__contains__) == 1
+    assert set(tally.responses) == {"live", "throttled", "cooled", "opened"}  # the closing table's rows keep their counts
+    assert tally.responses["throttled"] == 2
