@@ -135,7 +135,7 @@ def main() -> Any:
 
     print(f"\nLimiter ({args.limiter}): 20 requests/s, Retry-After: 1, {args.pages} pages, "
           f"CONCURRENT_REQUESTS=16 (median of {args.repeat} run(s))")
-    print(f"| configuration | pages fetched | responses 429 | seconds |\n|---|---|---|---|")
+    print("| configuration | pages fetched | responses 429 | seconds |\n|---|---|---|---|")
     for name, rows in runs.items():
         fetched = statistics.median(r[0] for r in rows)
         throttled = statistics.median(r[1] for r in rows)

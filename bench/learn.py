@@ -24,7 +24,6 @@ import argparse
 import collections
 import math
 import sys
-import time
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -32,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from compare import CONFIGS, run  # noqa: E402  (installs the asyncio reactor)
-from twisted.internet import defer, reactor, task  # noqa: E402
+from twisted.internet import defer, reactor  # noqa: E402
 
 from scrapy_retryafter.testing.server import HostConfig, ThrottlingServer  # noqa: E402
 

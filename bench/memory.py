@@ -21,16 +21,9 @@ import time
 import tracemalloc
 
 from scrapy_retryafter.board import CooldownBoard
+from scrapy_retryafter.testing.clock import FakeClock
 
 SWEEP_INTERVAL = 30.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def live_slots(board: CooldownBoard) -> int:
@@ -59,7 +52,7 @@ def main() -> None:
     parser.add_argument("--throttled", type=float, default=0.02, help="share of hosts that answer one 429")
     args = parser.parse_args()
     rng = random.Random(7)
-    clock = Clock()
+    clock = FakeClock(0.0)
     started = time.monotonic()
     tracemalloc.start()
     baseline = board_bytes()
@@ -84,10 +77,9 @@ def main() -> None:
                 follow_up(pending, clock.now, host, rng)
         slot = f"host{host:07d}.example"
         if throttle:
-            sent_at = clock.now - 0.1
-            board.throttled(slot, sent_at)
-            board.breaker_throttled(slot, sent_at, 5, 60.0)
-            board.cool(slot, 5.0 * 1.25, 1.0)
+            board.throttle(
+                slot, clock.now - 0.1, 5.0 * 1.25, learn=True, wake_jitter=1.0, circuit_threshold=5, circuit_open_seconds=60.0
+            )
         else:
             if slot in board:
                 board.success(slot, 0.1, 10.0)

@@ -37,7 +37,6 @@ asyncioreactor.install()
 
 from twisted.internet import defer  # noqa: E402
 
-
 from scrapy_retryafter.testing.fleet import Member, run_fleet, run_on_reactor, scrapy_redis_settings  # noqa: E402
 from scrapy_retryafter.testing.redis_server import RedisServer  # noqa: E402
 from scrapy_retryafter.testing.server import HostConfig, ThrottlingServer  # noqa: E402
@@ -133,7 +132,7 @@ async def kill_redis(args: argparse.Namespace) -> None:
     print("| run | pages | fetched | missing | fetched twice | seconds | kept in a process | every process exit 0 |")
     print("|---|---|---|---|---|---|---|---|")
     for label in rounds[0]:
-        def median(field: str) -> float:
+        def median(field: str, label: str = label) -> float:
             return statistics.median(r[label][field] for r in rounds)
 
         ok = all(r[label]["ok"] for r in rounds)

@@ -23,6 +23,7 @@ from .middleware import RetryAfterMiddleware
 from .pqueue import CooldownAwarePriorityQueue
 from .redis_queue import CooldownAwareRedisQueue
 from .retry import RetryMiddleware
+from .scrapy_compat import scheduler_state_file
 from .settings import load_config
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ def _loads(path_or_cls: Any) -> Any:
 
 
 def _jobdir_made_by_other_queue(jobdir: Path) -> bool:
-    state = jobdir / "requests.queue" / "active.json"
+    state = scheduler_state_file(jobdir)
     try:
         data = json.loads(state.read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -13,56 +13,32 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from dataclasses import dataclass
 
-from .backoff import Uniform
-from .breaker import CLOSED, OPEN, Breaker
+from .breaker import CLOSED, Breaker
+from .failures import ConsecutiveFailures
+from .quota import QuotaWindows
 from .rate import Meter, RateController
+from .slot_state import Random, SlotState, next_release, restored_state, saved_state
 
-__all__ = ["CooldownBoard", "SlotState"]
+__all__ = ["CooldownBoard", "Random", "SlotState", "Throttle", "next_release"]
 
 LATE_CREDIT = 0.1
 """Share of a paced interval by which a late release may bring the next one
 forward, when the pace is a quota the server stated."""
 
 
-class Random(Uniform, Protocol):
-    def random(self) -> float: ...
+@dataclass(frozen=True)
+class Throttle:
+    """What one throttle did to its slot."""
 
-
-class SlotState:
-    """What the board remembers of one slot (a small object: memory per slot matters)."""
-
-    __slots__ = (
-        "cooldown_until", "refuse_until", "wake_end", "wake_left", "next_release", "pace", "next_paced", "last_seen",
-        "breaker", "tokens",
-    )
-
-    def __init__(self) -> None:
-        self.cooldown_until = 0.0
-        self.refuse_until = 0.0
-        self.wake_end = 0.0
-        self.wake_left = -1
-        self.next_release = 0.0
-        self.pace: RateController | None = None
-        self.next_paced = 0.0
-        self.last_seen = 0.0
-        self.breaker: Breaker | None = None
-        self.tokens = -1.0
-        """Retry budget left (gRPC-style); -1 means full and untouched."""
-
-
-def next_release(start: float, end: float, left: int, u: float) -> float:
-    """The earliest of ``left`` uniform draws in [start, end].
-
-    Drawing the order statistics one at a time spreads the held requests of a
-    reopening slot uniformly over the wake window without knowing them all.
-    """
-    if left <= 1:
-        fraction = u
-    else:
-        fraction = 1.0 - (1.0 - u) ** (1.0 / left)
-    return start + (end - start) * fraction
+    rate_before: float | None
+    rate_after: float | None
+    """The pace after a cut; None when this throttle did not cut it."""
+    opened: bool
+    """The throttle opened the slot's circuit."""
+    added: float
+    """Seconds the cooldown grew by."""
 
 
 class CooldownBoard:
@@ -71,7 +47,7 @@ class CooldownBoard:
     def __init__(
         self,
         clock: Callable[[], float] = time.monotonic,
-        rng: Random = random,  # type: ignore[assignment]
+        rng: Random = random,
         pace_memory: float = 600.0,
     ) -> None:
         self.clock = clock
@@ -82,6 +58,10 @@ class CooldownBoard:
         self.holds: Callable[[str], bool] = self._slots.__contains__
         """``slot in board`` without a Python call: the queue asks it per slot per pop."""
         self._meters: dict[str, Meter] = {}
+        self.streaks = ConsecutiveFailures()
+        """Connection failures in a row per slot (host-down rule), pruned in ``sweep``."""
+        self.quota_windows = QuotaWindows()
+        """Windows learnt from successive quota resets, pruned in ``sweep``."""
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -109,6 +89,40 @@ class CooldownBoard:
         state.wake_end = until + (0.0 if state.pace is not None else max(0.0, wake_jitter))
         state.wake_left = -1
         return added
+
+    def throttle(
+        self,
+        slot: str,
+        sent_at: float,
+        cooldown: float,
+        *,
+        learn: bool,
+        wake_jitter: float,
+        circuit_threshold: int,
+        circuit_open_seconds: float,
+        refuse: float = 0.0,
+    ) -> Throttle:
+        """A throttle happened: cut the pace (``learn``), count it for the breaker, then cool.
+
+        In that order: both ask whether the throttle came in during a cooldown
+        (then it belongs to the event that caused it), which cooling first
+        would make every throttle seem to.
+        """
+        before = self.rate(slot)
+        after = self.throttled(slot, sent_at) if learn else None
+        opened = self.breaker_throttled(slot, sent_at, circuit_threshold, circuit_open_seconds)
+        added = self.cool(slot, cooldown, wake_jitter)
+        if refuse:
+            self.refuse(slot, refuse)
+        return Throttle(before, after, opened, added)
+
+    def connection_failed(self, slot: str) -> int:
+        """Count a failed connection to ``slot``; return how many in a row."""
+        return self.streaks.failed(slot, self.clock())
+
+    def quota_window(self, slot: str, reset_at: float) -> float | None:
+        """The window of ``slot``'s quota, learnt from how far its reset epoch moves on."""
+        return self.quota_windows.window(slot, reset_at, self.clock())
 
     def refuse(self, slot: str, seconds: float) -> None:
         """Give up the slot's requests unsent for ``seconds`` (over-cap Retry-After)."""
@@ -197,7 +211,8 @@ class CooldownBoard:
             state.breaker = Breaker()
         # Sent after the last cooldown ended: the slot was open to traffic, so it counts.
         counts = sent_at >= state.cooldown_until
-        return state.breaker.throttled(self.clock(), counts, threshold, open_seconds)
+        now = state.last_seen = self.clock()
+        return state.breaker.throttled(now, counts, threshold, open_seconds)
 
     def spend_blind_retry(self, slot: str, max_tokens: float) -> bool:
         """A retry the server gave no time for costs a token; False when the budget is spent.
@@ -295,9 +310,10 @@ class CooldownBoard:
     def _done(self, state: SlotState, now: float) -> bool:
         if now < state.wake_end or now < state.refuse_until or now < state.cooldown_until:
             return False
-        if state.breaker is not None and (state.breaker.state != CLOSED or state.breaker.consecutive):
+        if state.breaker is not None and state.breaker.state != CLOSED:
             return False
-        if state.tokens >= 0:  # a spent budget is remembered like a learned pace
+        # A spent budget, a learned pace and a throttle streak are remembered alike.
+        if state.tokens >= 0 or (state.breaker is not None and state.breaker.consecutive):
             return now - state.last_seen > self.pace_memory
         return state.pace is None or now - state.last_seen > self.pace_memory
 
@@ -311,6 +327,19 @@ class CooldownBoard:
         beside the board (a fleet backend, a tally) drops it here, so nothing per
         slot outlives the board's own memory of it."""
 
+    def kept(self) -> dict[str, int]:
+        """How many slots each per-slot map of the board holds (memory checks, the bench)."""
+        return {
+            "slots": len(self._slots),
+            "meters": len(self._meters),
+            "streaks": len(self.streaks),
+            "quota_windows": len(self.quota_windows),
+        }
+
+    def kept_slots(self) -> set[str]:
+        """Every slot anything on the board is kept for."""
+        return {*self._slots, *self._meters, *self.streaks, *self.quota_windows}
+
     def sweep(self) -> int:
         """Drop every slot with nothing left to remember; return how many."""
         now = self.clock()
@@ -321,6 +350,8 @@ class CooldownBoard:
         idle = [slot for slot, meter in self._meters.items() if meter.idle(now, 10.0)]
         for slot in idle:
             del self._meters[slot]
+        self.streaks.prune(now - self.pace_memory)
+        self.quota_windows.prune(now - self.pace_memory)
         return len(done)
 
     def snapshot(self) -> dict[str, dict[str, float | str]]:
@@ -330,53 +361,12 @@ class CooldownBoard:
         is still cooling or whose circuit is still open.
         """
         now = self.clock()
-        saved: dict[str, dict[str, float | str]] = {}
-        for slot, state in self._slots.items():
-            entry: dict[str, float | str] = {}
-            if state.cooldown_until > now:
-                entry["cooldown"] = state.cooldown_until - now
-            if state.refuse_until > now:
-                entry["refuse"] = state.refuse_until - now
-            breaker = state.breaker
-            if breaker is not None and (breaker.state != CLOSED or breaker.consecutive):
-                entry["breaker"] = breaker.state
-                entry["breaker_open"] = max(0.0, breaker.opened_until - now) if breaker.state == OPEN else 0.0
-                entry["breaker_consecutive"] = breaker.consecutive
-            if state.pace is not None:
-                entry["rate"] = state.pace.rate
-            if state.tokens >= 0:
-                entry["tokens"] = state.tokens
-            if entry:
-                saved[slot] = entry
-        return saved
+        saved = {slot: saved_state(state, now) for slot, state in self._slots.items()}
+        return {slot: entry for slot, entry in saved.items() if entry}
 
     def restore(self, saved: dict[str, dict[str, float | str]], elapsed: float = 0.0) -> int:
         """Load a snapshot taken ``elapsed`` seconds ago; return how many slots it restored."""
         now = self.clock()
-        restored = 0
         for slot, entry in saved.items():
-            state = self._slots.get(slot) or SlotState()
-            cooldown = float(entry.get("cooldown", 0.0)) - elapsed
-            if cooldown > 0:
-                state.cooldown_until = state.wake_end = max(state.cooldown_until, now + cooldown)
-            refuse = float(entry.get("refuse", 0.0)) - elapsed
-            if refuse > 0:
-                state.refuse_until = max(state.refuse_until, now + refuse)
-            if "breaker" in entry:
-                breaker = state.breaker = state.breaker or Breaker()
-                # Open or half-open when paused: open until its time is up, then one probe.
-                open_until = (
-                    now + max(0.0, float(entry.get("breaker_open", 0.0)) - elapsed)
-                    if entry["breaker"] != CLOSED
-                    else None
-                )
-                breaker.restore(int(entry.get("breaker_consecutive", 0)), open_until)
-            if "rate" in entry:
-                state.pace = state.pace or RateController()
-                state.pace.restored(float(entry["rate"]), now)
-            if "tokens" in entry:
-                state.tokens = float(entry["tokens"])
-            state.last_seen = now
-            self._slots[slot] = state
-            restored += 1
-        return restored
+            self._slots[slot] = restored_state(self._slots.get(slot) or SlotState(), entry, now, elapsed)
+        return len(saved)

@@ -13,13 +13,16 @@ import collections
 import logging
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 from scrapy import signals
 from twisted.python.failure import Failure
 
+from . import scrapy_compat
 from .board import CooldownBoard
 from .breaker import OPEN
+from .holding import DownloaderHold, GiveUp
 from .jobstate import STATE_FILE, load_board, save_board
 from .parking import Parking
 from .settings import Config, load_config
@@ -27,16 +30,43 @@ from .tally import SlotTally
 from .timers import call_from_thread, call_later, looping_call
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     from scrapy import Request
     from scrapy.crawler import Crawler
-
     from typing_extensions import Self
 
 __all__ = ["RetryAfterExtension", "SlotCoolingDown"]
 
 logger = logging.getLogger(__name__)
+
+class HeldRequests(Protocol):
+    """A source of requests held outside the scheduler: each call hands over what it holds now, as
+    (request, slot), or (request, slot, why) when the slot's state does not say why."""
+
+    def __call__(self) -> Iterable[tuple[Request, str] | tuple[Request, str, str]]: ...
+
+
+class SlotHoldingQueue(Protocol):
+    """A scheduler queue that keeps a cooling slot's requests (CooldownAwarePriorityQueue)."""
+
+    key: str
+    pqueues: dict[str, Any]
+
+    def take_waiting(self) -> Iterator[tuple[Request, str, float]]: ...
+
+    def look_again(self, slot: str, **kwargs: Any) -> None: ...
+
+
+class FleetBoard(Protocol):
+    """What the extension runs of a board shared by a fleet (the Redis board) besides CooldownBoard's hooks."""
+
+    def start(self, call_soon: Callable[[Callable[[], None]], Any] | None = None) -> None: ...
+
+    def sync(self, timeout: float = 2.0) -> bool: ...
+
+    def tick(self) -> None: ...
+
+    def stop(self) -> None: ...
+
 
 _SWEEP_INTERVAL = 30.0
 _instances: weakref.WeakKeyDictionary[Any, RetryAfterExtension] = weakref.WeakKeyDictionary()
@@ -66,19 +96,27 @@ class RetryAfterExtension:
         self._syncer: Any = None
         self.queue_holds_slots = False
         """Set by CooldownAwarePriorityQueue: cooling slots wait in the scheduler."""
-        self.held_counters: list[Any] = []
+        self.held_counters: list[Callable[[str], int]] = []
         """len(requests held for a slot), one per CooldownAwarePriorityQueue (memory, disk)."""
-        self.queues: list[Any] = []
+        self.queues: list[SlotHoldingQueue] = []
         """Every CooldownAwarePriorityQueue of the crawl (memory, disk)."""
-        self.held_requests: list[Any] = []
+        self.held_requests: list[HeldRequests] = []
         """Callables yielding (request, slot) held outside the scheduler (middleware-only mode),
         or (request, slot, why) (requests Redis never took)."""
+        self._fleet: FleetBoard | None = None
         self.jobdir: str | None = crawler.settings.get("JOBDIR") or None
         if self.jobdir and config.enabled:
             self._resume(self.jobdir)
         self.parking: Parking | None = None
         if config.enabled and config.parking:
             self.parking = Parking(crawler, config, self._held_at_close)
+        self.give_up = GiveUp(crawler, self.parking)
+        """The one give-up path of both middlewares."""
+        self.downloader_hold = DownloaderHold(crawler)
+        """Requests waiting in the downloader (no CooldownAwarePriorityQueue), parked at close."""
+        self.held_requests.append(self.downloader_hold.take)
+        self.all_retries_installed = False
+        """Set by scrapy_retryafter.RetryMiddleware: RETRY_AFTER_ALL_RETRIES is carried out."""
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
 
@@ -112,6 +150,7 @@ class RetryAfterExtension:
         board.on_wake = self.wake_at
         board.on_sooner = self.sooner
         board.on_late_lease = lambda slot: self.stats.inc_value("retry_after/redis/late_sends_skipped")
+        self._fleet = board
         if board.connect():
             logger.info("Sharing cooldowns through the Redis board at %s (keys %s:*)", config.redis.safe_url, config.redis.prefix)
         return board
@@ -158,8 +197,9 @@ class RetryAfterExtension:
         """The request's download slot: the downloader writes the key into meta once, and reads it there first too."""
         key = request.meta.get("download_slot")
         if key is not None:
-            return key  # type: ignore[no-any-return]
-        return self.crawler.engine.downloader.get_slot_key(request)  # type: ignore[union-attr]
+            return key
+        assert self.crawler.engine is not None
+        return self.crawler.engine.downloader.get_slot_key(request)
 
     def held(self, slot: str) -> int:
         return sum(count(slot) for count in self.held_counters)
@@ -190,9 +230,9 @@ class RetryAfterExtension:
                 while (request := slot_queue.pop()) is not None:
                     yield request, slot, wait, why
         for held in self.held_requests:
-            for request, slot, *why in held():
+            for request, slot, *given in held():
                 wait = max(0.0, board.ready_at(slot, 1) - now)
-                yield request, slot, wait, why[0] if why else self._holding(slot, now) or "held"
+                yield request, slot, wait, given[0] if given else self._holding(slot, now) or "held"
 
     def _holding(self, slot: str, now: float) -> str | None:
         if slot not in self.board:
@@ -223,34 +263,34 @@ class RetryAfterExtension:
         self.nudge_engine()
 
     def nudge_engine(self) -> None:
-        engine = getattr(self.crawler, "engine", None)
-        engine_slot = getattr(engine, "_slot", None)
-        nextcall = getattr(engine_slot, "nextcall", None)
-        if nextcall is not None:
-            nextcall.schedule()
+        scrapy_compat.nudge_engine(self.crawler)
 
     def send_back(self, slot: str) -> int:
         """Return to the scheduler the requests of ``slot`` not yet on the wire."""
-        engine = getattr(self.crawler, "engine", None)
-        downloader_slot = getattr(getattr(engine, "downloader", None), "slots", {}).get(slot)
-        if downloader_slot is None or not downloader_slot.queue:
+        waiting = scrapy_compat.take_queued(self.crawler, slot)
+        if not waiting:
             return 0
-        waiting = list(downloader_slot.queue)
-        downloader_slot.queue.clear()
         for _request, deferred in waiting:
             deferred.errback(Failure(SlotCoolingDown(slot)))
         self.stats.inc_value("retry_after/sent_back", len(waiting))
         return len(waiting)
 
     def _spider_opened(self, **kwargs: Any) -> None:
-        self._sweeper = looping_call(self.board.sweep)
+        self._sweeper = looping_call(self.sweep)
         self._sweeper.start(_SWEEP_INTERVAL, now=False)
-        if self.config.redis is not None:
-            board: Any = self.board
-            board.start(call_from_thread())
-            board.sync(timeout=2 * self.config.redis.timeout)  # know the fleet's cooldowns before the first request
-            self._syncer = looping_call(board.tick)
+        if self._fleet is not None and self.config.redis is not None:
+            fleet = self._fleet
+            fleet.start(call_from_thread())
+            fleet.sync(timeout=2 * self.config.redis.timeout)  # know the fleet's cooldowns before the first request
+            self._syncer = looping_call(fleet.tick)
             self._syncer.start(self.config.redis.refresh / 2, now=True)
+
+    def sweep(self) -> int:
+        """Drop what is kept of slots with nothing left to remember: the board's, then the tally's."""
+        swept = self.board.sweep()
+        holds, parked = self.board.holds, self.parked_by_slot
+        self.tally.prune(lambda slot: holds(slot) or slot in parked)
+        return swept
 
     def _resume(self, jobdir: str) -> None:
         restored = load_board(self.board, jobdir)
@@ -266,7 +306,8 @@ class RetryAfterExtension:
             self._sweeper.stop()
         if self._syncer is not None and self._syncer.running:
             self._syncer.stop()
-            self.board.stop()  # type: ignore[attr-defined]
+            if self._fleet is not None:
+                self._fleet.stop()
         if self._timer is not None:
             self._timer.cancel()
         self._timer = None

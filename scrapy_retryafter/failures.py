@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -32,6 +32,7 @@ __all__ = [
     "classify_status",
     "deadline_of",
     "decide_failure",
+    "host_down_wait",
     "past_deadline",
     "qualified_names",
     "stamp_first_attempt",
@@ -194,25 +195,51 @@ class ConsecutiveFailures:
     """Connection failures in a row per slot: a burst of them means the host is down.
 
     One refused connection says little; several in a row say the host, not
-    the request, is the problem, so the whole slot should pause.
+    the request, is the problem, so the whole slot should pause. The board
+    owns it and prunes it in its sweep: a broad crawl over dead hosts must
+    not grow it without bound.
     """
 
     __slots__ = ("_counts",)
 
     def __init__(self) -> None:
-        self._counts: dict[str, int] = {}
+        self._counts: dict[str, tuple[int, float]] = {}
+        """Slot -> (failures in a row, when the last one happened)."""
 
     def __bool__(self) -> bool:
         return bool(self._counts)
 
+    def __len__(self) -> int:
+        return len(self._counts)
+
     def __contains__(self, slot: str) -> bool:
         return slot in self._counts
 
-    def failed(self, slot: str) -> int:
-        count = self._counts.get(slot, 0) + 1
-        self._counts[slot] = count
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._counts)
+
+    def failed(self, slot: str, now: float) -> int:
+        count = self._counts.get(slot, (0, now))[0] + 1
+        self._counts[slot] = (count, now)
         return count
 
     def reached(self, slot: str) -> None:
         """The host answered: whatever came before was not an outage."""
         self._counts.pop(slot, None)
+
+    def prune(self, before: float) -> int:
+        """Forget the streaks whose last failure is older than ``before``; return how many."""
+        stale = [slot for slot, (_, last) in self._counts.items() if last < before]
+        for slot in stale:
+            del self._counts[slot]
+        return len(stale)
+
+
+def host_down_wait(count: int, threshold: int, backoff: Backoff, rng: Uniform = random) -> float | None:
+    """Seconds to pause a slot after ``count`` connection failures in a row, or None below ``threshold``.
+
+    The pause grows with the streak, from the backoff's first wait at the threshold on.
+    """
+    if count < threshold:
+        return None
+    return backoff.wait(count - threshold + 1, rng=rng)

@@ -19,14 +19,15 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
+from . import scrapy_compat
 from .extension import RetryAfterExtension, SlotCoolingDown
 from .failures import PREVIOUS_WAIT, past_deadline, stamp_first_attempt
 from .headers import parse_http_date, parse_retry_after
-from .parkfile import iso
+from .holding import THROTTLES
 from .policy import Decision, SlotPolicy, decide
-from .ratelimit import QuotaWindows, parse_ratelimit, parse_retry_after_ms, quota_pace, speaks_ratelimit
-from . import signals as retry_after_signals
-from .timers import sleep
+from .quota import decide_quota, wants_window
+from .ratelimit import parse_ratelimit, parse_retry_after_ms, speaks_ratelimit
+from .slot_events import SlotEvents
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -34,16 +35,13 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
-
     from typing_extensions import Self
 
 __all__ = ["RetryAfterMiddleware"]
 
 logger = logging.getLogger(__name__)
 
-THROTTLES = "retry_after_throttles"
 MAX_RETRIES = "retry_after_max_retries"
-_POLL = 0.5
 
 
 class RetryAfterMiddleware:
@@ -56,15 +54,14 @@ class RetryAfterMiddleware:
         self.rng = random.Random()
         self._all_codes = self.config.all_codes
         self._holding: collections.Counter[str] = collections.Counter()
-        self._held: weakref.WeakKeyDictionary[Request, str] = weakref.WeakKeyDictionary()
-        """Requests waiting in _hold (middleware-only mode), parked if the crawl closes first."""
-        extension.held_requests.append(lambda: [(r, s) for r, s in list(self._held.items()) if self._held.pop(r, None)])
+        """Requests waiting in _hold per slot (middleware-only mode); a slot leaves it with its last one."""
+        self._give_up = extension.give_up
+        self.events = SlotEvents(crawler, extension)
         self._watch_responses = any(
             p.adaptive or p.ratelimit_headers for p in (self.config.default, *self.config.slots.values())
         )
         # Keyed by request: a middleware between us and the downloader may replace the response.
         self._decided: weakref.WeakKeyDictionary[Request, Decision] = weakref.WeakKeyDictionary()
-        self._quota_windows = QuotaWindows()
         self._deadlines = any(
             not math.isinf(p.deadline) for p in (self.config.default, *self.config.slots.values())
         )
@@ -75,46 +72,10 @@ class RetryAfterMiddleware:
         if not extension.config.enabled:
             raise NotConfigured("RETRY_AFTER_ENABLED is False")
         middleware = cls(crawler, extension)
-        crawler.signals.connect(middleware._check_neighbours, signal=signals.spider_opened)
-        crawler.signals.connect(middleware._check_all_retries, signal=signals.spider_opened)
+        crawler.signals.connect(middleware.events.check_neighbours, signal=signals.spider_opened)
+        crawler.signals.connect(middleware.events.check_all_retries, signal=signals.spider_opened)
         crawler.signals.connect(middleware._response_downloaded, signal=signals.response_downloaded)
         return middleware
-
-    def _check_neighbours(self, **kwargs: Any) -> None:
-        """Stop stock RetryMiddleware from retrying our codes a second time."""
-        from scrapy.downloadermiddlewares.retry import RetryMiddleware as ScrapyRetryMiddleware
-
-        codes = self.config.default.http_codes
-        for middleware in self.crawler.engine.downloader.middleware.middlewares:  # type: ignore[union-attr]
-            if type(middleware) is ScrapyRetryMiddleware and codes & middleware.retry_http_codes:
-                middleware.retry_http_codes -= codes
-                logger.info(
-                    "Scrapy's RetryMiddleware will not retry %s: RetryAfterMiddleware owns them "
-                    "(ADDONS = {'scrapy_retryafter.Addon': 500} installs a RetryMiddleware that knows it)",
-                    sorted(codes),
-                )
-        if self.crawler.settings.getbool("HTTPCACHE_ENABLED"):
-            ignored = {int(code) for code in self.crawler.settings.getlist("HTTPCACHE_IGNORE_HTTP_CODES")}
-            if not codes <= ignored:
-                logger.warning(
-                    "HTTPCACHE_ENABLED caches throttling responses %s: add them to "
-                    "HTTPCACHE_IGNORE_HTTP_CODES, or use the add-on, which does",
-                    sorted(codes - ignored),
-                )
-
-    def _check_all_retries(self, **kwargs: Any) -> None:
-        """RETRY_AFTER_ALL_RETRIES is carried out by our RetryMiddleware: say so if it is missing."""
-        if not self.config.all_retries or not self.crawler.settings.getbool("RETRY_ENABLED"):
-            return
-        from .retry import RetryMiddleware
-
-        middlewares = self.crawler.engine.downloader.middleware.middlewares  # type: ignore[union-attr]
-        if not any(isinstance(middleware, RetryMiddleware) for middleware in middlewares):
-            logger.warning(
-                "RETRY_AFTER_ALL_RETRIES is on but scrapy_retryafter.RetryMiddleware is not installed in "
-                "place of Scrapy's RetryMiddleware, so Scrapy's own retries stay in effect "
-                "(ADDONS = {'scrapy_retryafter.Addon': 500} installs it)"
-            )
 
     def process_request(
         self, request: Request, spider: Spider | None = None
@@ -145,29 +106,18 @@ class RetryAfterMiddleware:
 
         The same board decides as for the queue: cooldown, wake spread, pace, breaker.
         """
+        board = self.board
         self._holding[slot] += 1
-        self._held[request] = slot
         try:
-            while True:
-                engine = self.crawler.engine
-                if engine is None or not engine.running:
-                    parking = self.extension.parking
-                    if parking is not None and request in self._held:
-                        del self._held[request]
-                        wait = max(0.0, self.board.ready_at(slot, 1) - self.board.clock())
-                        return parking.park(
-                            request, slot, "held_at_close", "the crawl closed while it was held",
-                            request.meta.get(THROTTLES, 0), wait,
-                        )
-                    raise IgnoreRequest(f"crawl stopping while {slot} is held")
-                now = self.board.clock()
-                when = self.board.ready_at(slot, self._holding[slot])
-                if when <= now:
-                    self.board.released(slot)
-                    return None
-                await sleep(min(when - now, _POLL))
+            if not await self.extension.downloader_hold.wait(
+                request, slot, lambda: board.ready_at(slot, self._holding[slot]) - board.clock()
+            ):
+                wait = max(0.0, board.ready_at(slot, 1) - board.clock())
+                detail = "the crawl closed while it was held"
+                return self._give_up.at_close(request, slot, detail, request.meta.get(THROTTLES, 0), wait)
+            board.released(slot)
+            return None
         finally:
-            self._held.pop(request, None)
             self._holding[slot] -= 1
             if not self._holding[slot]:
                 del self._holding[slot]
@@ -183,7 +133,7 @@ class RetryAfterMiddleware:
         self.extension.tally.responded(slot)
         policy = self.config.policy_for(slot)
         if slot in self.board and self.board.success(slot, policy.budget_token_ratio, policy.budget_max_tokens):
-            self._circuit_closed(slot)
+            self.events.circuit_closed(slot)
         if not self._watch_responses:
             return
         if policy.adaptive and self.board.succeeded(slot):
@@ -200,30 +150,26 @@ class RetryAfterMiddleware:
         if facts.invalid:
             self.stats.inc_value("retry_after/ratelimit_invalid")
             return
-        rate = facts.rate
-        if rate is None and facts.quota and facts.reset_at is not None:
-            window = self._quota_windows.window(slot, facts.reset_at)
-            if window is not None:
-                rate = quota_pace(facts.quota, window)
-        if rate is None and facts.remaining and facts.reset:
-            rate = facts.remaining / facts.reset  # no stated window: spread what is left until the reset
+        reset_at = facts.reset_at
+        window = self.board.quota_window(slot, reset_at) if reset_at is not None and wants_window(facts) else None
+        decision = decide_quota(facts, window, self._on_the_wire(slot), policy.max_delay)
+        rate = decision.rate
         if rate is not None and rate != self.board.rate(slot):
             if self.board.rate(slot) is None:
                 self.stats.inc_value("retry_after/paced_slots")
             self.board.announce(slot, rate)
-        if facts.remaining is not None and facts.remaining <= self._on_the_wire(slot) and facts.reset:
-            if facts.reset > policy.max_delay:
-                return
-            added = self.board.cool(slot, facts.reset, policy.wake_jitter)
-            if added:
-                self.extension.tally.cooled(slot, added)
-                self.stats.inc_value("retry_after/ratelimit_cooldowns")
-                self.extension.send_back(slot)
-                logger.info(
-                    "Quota of %(slot)s used up: cooling %(wait).2fs until its reset (RateLimit headers)",
-                    {"slot": slot, "wait": facts.reset},
-                    extra={"spider": self.crawler.spider},
-                )
+        if not decision.cooldown:
+            return
+        added = self.board.cool(slot, decision.cooldown, policy.wake_jitter)
+        if added:
+            self.extension.tally.cooled(slot, added)
+            self.stats.inc_value("retry_after/ratelimit_cooldowns")
+            self.extension.send_back(slot)
+            logger.info(
+                "Quota of %(slot)s used up: cooling %(wait).2fs until its reset (RateLimit headers)",
+                {"slot": slot, "wait": decision.cooldown},
+                extra={"spider": self.crawler.spider},
+            )
 
     def _throttle(self, request: Request, response: Response) -> Decision | None:
         """Cool the slot for a throttling response; remember what to do with it."""
@@ -255,19 +201,26 @@ class RetryAfterMiddleware:
             rng=self.rng,
             previous_wait=_number_or_none(request.meta.get(PREVIOUS_WAIT)),
         )
-        # Before cooling: a throttle answered during the cooldown belongs to the same event.
         sent_at = self.board.clock() - float(request.meta.get("download_latency") or 0.0)
-        if policy.adaptive:
-            self._learn(slot, sent_at)
-        if self.board.breaker_throttled(slot, sent_at, policy.circuit_threshold, policy.circuit_open_seconds):
-            self._circuit_opened(slot, policy)
-        added = self.board.cool(slot, decision.cooldown, policy.wake_jitter)
-        if decision.refuse:
-            self.board.refuse(slot, decision.refuse)
+        event = self.board.throttle(
+            slot,
+            sent_at,
+            decision.cooldown,
+            learn=policy.adaptive,
+            wake_jitter=policy.wake_jitter,
+            circuit_threshold=policy.circuit_threshold,
+            circuit_open_seconds=policy.circuit_open_seconds,
+            refuse=decision.refuse,
+        )
+        if event.rate_after is not None:
+            self.events.pace_cut(slot, event.rate_before, event.rate_after)
+        if event.opened:
+            self.events.circuit_opened(slot, policy)
+        added = event.added
         self.stats.inc_value("retry_after/throttled")
         self.stats.inc_value(f"retry_after/throttled/{response.status}")
         if added:
-            self.stats.inc_value("retry_after/cooldown_seconds", round(added, 3))
+            self.stats.inc_value("retry_after/cooldown_seconds", round(added, 3))  # type: ignore[arg-type]  # stats sum seconds; Scrapy types them int
         self.extension.tally.throttled(slot, response.status, added)
         self.extension.send_back(slot)
         retrying = decision.retry and not request.meta.get("dont_retry", False)
@@ -291,8 +244,7 @@ class RetryAfterMiddleware:
 
     def _on_the_wire(self, slot: str) -> int:
         """Requests of ``slot`` sent besides this one: they spend the quota left too."""
-        downloader_slot = self.crawler.engine.downloader.slots.get(slot)  # type: ignore[union-attr]
-        return max(0, len(downloader_slot.transferring) - 1) if downloader_slot is not None else 0
+        return max(0, scrapy_compat.transferring(self.crawler, slot) - 1)
 
     def _announced_wait(self, response: Response) -> float | None:
         """Without Retry-After, the wait the other rate-limit headers announce."""
@@ -303,46 +255,6 @@ class RetryAfterMiddleware:
         if facts is not None and not facts.invalid and facts.remaining is not None and facts.remaining < 1:
             return facts.reset
         return None
-
-    def _circuit_opened(self, slot: str, policy: SlotPolicy) -> None:
-        held = self.extension.held(slot)
-        self.stats.inc_value("retry_after/circuit_opened")
-        self.extension.tally.circuit_opened(slot)
-        logger.warning(
-            "Circuit opened for %(slot)s after %(threshold)d consecutive throttles: holding its "
-            "%(held)d request(s) for %(seconds)gs, then one probe",
-            {"slot": slot, "threshold": policy.circuit_threshold, "held": held, "seconds": policy.circuit_open_seconds},
-            extra={"spider": self.crawler.spider},
-        )
-        self.crawler.signals.send_catch_log(
-            retry_after_signals.circuit_opened,
-            slot=slot,
-            until=self.board.clock() + policy.circuit_open_seconds,
-            held=held,
-        )
-
-    def _circuit_closed(self, slot: str) -> None:
-        self.stats.inc_value("retry_after/circuit_closed")
-        logger.warning(
-            "Circuit closed for %(slot)s: a request succeeded, %(held)d request(s) flow again",
-            {"slot": slot, "held": self.extension.held(slot)},
-            extra={"spider": self.crawler.spider},
-        )
-        self.crawler.signals.send_catch_log(retry_after_signals.circuit_closed, slot=slot)
-
-    def _learn(self, slot: str, sent_at: float) -> None:
-        before = self.board.rate(slot)
-        after = self.board.throttled(slot, sent_at)
-        if after is None:
-            return
-        if before is None:
-            self.stats.inc_value("retry_after/paced_slots")
-        if before is None or abs(after - before) > 0.2 * before:
-            logger.info(
-                "Pacing %(slot)s at %(rate).2f requests/s (was %(before)s)",
-                {"slot": slot, "rate": after, "before": "unpaced" if before is None else f"{before:.2f}/s"},
-                extra={"spider": self.crawler.spider},
-            )
 
     def process_response(
         self, request: Request, response: Response, spider: Spider | None = None
@@ -386,52 +298,6 @@ class RetryAfterMiddleware:
             back.dont_filter = True
             return back
         return None
-
-    def _give_up(
-        self,
-        request: Request,
-        slot: str,
-        status: int | None,
-        reason: str,
-        outcome: str,
-        wait: float,
-        *,
-        attempts: int | None = None,
-    ) -> Request | None:
-        """The one place a request stops being retried: parked for a later run when it may be.
-
-        Returns the parked request for the engine to drop, or None when the
-        caller fails it as Scrapy would. ``attempts`` is given for failures
-        other than throttles (RETRY_AFTER_ALL_RETRIES).
-        """
-        self.stats.inc_value("retry_after/gave_up")
-        unit = "throttle(s)" if attempts is None else "attempt(s)"
-        if attempts is None:
-            attempts = request.meta.get(THROTTLES, 0) + (status is not None)
-        parking = self.extension.parking
-        parkable = parking is not None and outcome != "not_repeatable"
-        if parkable:
-            assert parking is not None
-            parked = parking.park(request, slot, outcome, reason, attempts, wait)
-            fate = f"; parked until {iso(time.time() + wait)} in {parking.path}"
-        else:
-            parked = None
-            fate = "" if parking is None else "; not parked: repeating it could apply it twice"
-        logger.warning(
-            "Gave up %(request)s on %(slot)s after %(attempts)d %(unit)s%(status)s: %(reason)s%(fate)s",
-            {
-                "request": request,
-                "slot": slot,
-                "attempts": attempts,
-                "unit": unit,
-                "status": f" (last {status})" if status is not None else "",
-                "reason": reason,
-                "fate": fate,
-            },
-            extra={"spider": self.crawler.spider},
-        )
-        return parked
-
 
 def _number_or_none(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -23,10 +23,19 @@ from heapq import heapify, heappop, heappush
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scrapy.pqueues import DownloaderAwarePriorityQueue, _path_safe
+from scrapy.pqueues import DownloaderAwarePriorityQueue
 
 from .extension import RetryAfterExtension
 from .failures import NOT_BEFORE
+from .scrapy_compat import (
+    ROUND_ROBIN,
+    downloader_slots,
+    last_selected,
+    next_slot,
+    path_safe,
+    set_last_selected,
+    slot_load,
+)
 from .signals import circuit_closed, circuit_opened
 
 if TYPE_CHECKING:
@@ -35,10 +44,10 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
 
+    from .board import CooldownBoard
+
 __all__ = ["CooldownAwarePriorityQueue"]
 
-# Scrapy 2.19 breaks ties among the least busy slots round-robin by name; 2.13 takes the smallest name.
-_ROUND_ROBIN = hasattr(DownloaderAwarePriorityQueue, "_next_slot")
 _FEW = 24
 """Up to this many slots that may send, looking at each costs less than keeping heaps."""
 _SPARES = 32
@@ -71,12 +80,13 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         self._extension.held_counters.append(self._held)
         self._extension.queues.append(self)
         self._board = self._extension.board
-        self._downloader_slots = crawler.engine.downloader.slots  # type: ignore[union-attr]
-        self._slot_key = crawler.engine.downloader.get_slot_key  # type: ignore[union-attr]
+        self._downloader_slots = downloader_slots(crawler)
+        assert crawler.engine is not None
+        self._slot_key = crawler.engine.downloader.get_slot_key
         self._spares: dict[str, Any] = {}
         """Slot -> its emptied queue (memory queues only). A slot whose requests come one at a
         time empties at every pop; building its queue anew per request costs more than the pop."""
-        self._last_selected_slot: str | None = None
+        set_last_selected(self, None)
         # Every slot in pqueues is in exactly one of: _ahead (may send, name
         # after the last chosen), _behind (may send, name up to it), _due.
         for slot, queue in list(self.pqueues.items()):
@@ -109,8 +119,8 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
                 self._ahead.append(slot)
                 return
             self._split(self._ahead)  # once per growth past _FEW, not per pop
-        last = self._last_selected_slot
-        if _ROUND_ROBIN and last is not None and slot <= last:
+        last = last_selected(self)
+        if ROUND_ROBIN and last is not None and slot <= last:
             heappush(self._behind, slot)
         else:
             heappush(self._ahead, slot)
@@ -151,11 +161,14 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
                     self._hold(slot, when)
                     continue
             downloader_slot = downloader_slots.get(slot)
-            if downloader_slot is None or not downloader_slot.active:
+            if downloader_slot is None:
+                return slot
+            in_flight, concurrency = slot_load(downloader_slot)
+            if not in_flight:
                 return slot
             heappop(heap)
-            active = len(downloader_slot.active)
-            busy.append((active, slot, active >= downloader_slot.concurrency))
+            active = len(in_flight)
+            busy.append((active, slot, active >= concurrency))
         return None
 
     def _select(self, *, update_state: bool) -> str | None:
@@ -183,18 +196,18 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         if slot is not None:
             if update_state:
                 heappop(ahead)
-                if _ROUND_ROBIN:
-                    self._last_selected_slot = slot
+                if ROUND_ROBIN:
+                    set_last_selected(self, slot)
                     self._relist(busy_ahead, behind)  # stepped over: now before the last chosen
                     return slot
             self._relist(busy_ahead, ahead)
             return slot
-        if _ROUND_ROBIN:
+        if ROUND_ROBIN:
             slot = self._scan(behind, now, busy_behind)
             if slot is not None:
                 if update_state:
                     heappop(behind)
-                    self._last_selected_slot = slot
+                    set_last_selected(self, slot)
                     # Wrapped around: what is left after it comes next.
                     self._ahead, self._behind = behind, ahead
                     ahead, behind = behind, ahead
@@ -208,8 +221,8 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
             self._relist(busy_behind, behind)
             self._wake_later()
             return None
-        if _ROUND_ROBIN:
-            slot = self._next_slot(stats, update_state=update_state)
+        if ROUND_ROBIN:
+            slot = next_slot(self, stats, update_state=update_state)
         else:
             slot = min(stats)[1]
         if not update_state:
@@ -217,14 +230,14 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
             self._relist(busy_behind, behind)
             return slot
         rest = [entry for entry in busy if entry[1] != slot]
-        if _ROUND_ROBIN:
+        if ROUND_ROBIN:
             self._relist([entry for entry in rest if entry[1] < slot], behind)
             self._relist([entry for entry in rest if entry[1] > slot], ahead)
         else:
             self._relist(rest, ahead)
         return slot
 
-    def _select_among_few(self, board: Any, *, update_state: bool) -> str | None:
+    def _select_among_few(self, board: CooldownBoard, *, update_state: bool) -> str | None:
         """The same choice by looking at every slot, which is cheaper than heaps for a few.
 
         DownloaderAwarePriorityQueue's ``_next_slot`` is done in the same pass:
@@ -233,7 +246,7 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         holds = board.holds
         downloader_slots = self._downloader_slots
         listed = self._ahead + self._behind if self._heaped else self._ahead
-        last = self._last_selected_slot if _ROUND_ROBIN else None
+        last = last_selected(self) if ROUND_ROBIN else None
         best: str | None = None
         best_after: str | None = None
         """The least busy slot with the smallest name, and with the smallest name after ``last``."""
@@ -253,8 +266,9 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
             if downloader_slot is None:
                 active = 0
             else:
-                active = len(downloader_slot.active)
-                if active >= downloader_slot.concurrency:
+                in_flight, concurrency = slot_load(downloader_slot)
+                active = len(in_flight)
+                if active >= concurrency:
                     continue
             if best is None or active < least:
                 least, best = active, slot
@@ -269,8 +283,8 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
             listed = [slot for slot in listed if slot not in self._due]
         if update_state and chosen is not None:
             listed.remove(chosen)  # pop lists it again if it keeps requests
-            if _ROUND_ROBIN:
-                self._last_selected_slot = chosen
+            if ROUND_ROBIN:
+                set_last_selected(self, chosen)
         self._ahead, self._behind, self._heaped = listed, [], False
         if chosen is None:
             self._wake_later()
@@ -278,8 +292,8 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
 
     def _split(self, slots: list[str]) -> None:
         """List ``slots`` anew, before or after the last chosen."""
-        last = self._last_selected_slot
-        if _ROUND_ROBIN and last is not None:
+        last = last_selected(self)
+        if ROUND_ROBIN and last is not None:
             self._ahead = [slot for slot in slots if slot > last]
             self._behind = [slot for slot in slots if slot <= last]
         else:
@@ -373,7 +387,7 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
             return request
         queue.close()
         with suppress(OSError):
-            Path(self.key, _path_safe(slot)).rmdir()
+            Path(self.key, path_safe(slot)).rmdir()
         return request
 
     def peek(self) -> Request | None:

@@ -19,29 +19,25 @@ import logging
 import math
 import random
 import time
-import weakref
 from typing import TYPE_CHECKING, Any
 
-from scrapy import signals
 from scrapy.downloadermiddlewares.retry import RetryMiddleware as ScrapyRetryMiddleware
 from scrapy.downloadermiddlewares.retry import get_retry_request
-from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.response import response_status_message
 
 from .extension import RetryAfterExtension
 from .failures import (
     NOT_BEFORE,
     PREVIOUS_WAIT,
-    ConsecutiveFailures,
     FailureDecision,
     Rule,
     classify_exception,
     classify_status,
     decide_failure,
+    host_down_wait,
     qualified_names,
     stamp_first_attempt,
 )
-from .timers import sleep
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -49,53 +45,48 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
-
     from typing_extensions import Self
 
 __all__ = ["RetryMiddleware", "owned_by_retry_after"]
 
 logger = logging.getLogger(__name__)
 
-_POLL = 0.5
-
 
 def owned_by_retry_after(extension: RetryAfterExtension, request: Request, status: int) -> bool:
     if not extension.config.enabled or status not in extension.codes:
         return False
-    slot = extension.crawler.engine.downloader.get_slot_key(request)  # type: ignore[union-attr]
-    return status in extension.config.policy_for(slot).http_codes
+    return status in extension.config.policy_for(extension.slot_of(request)).http_codes
 
 
 class RetryMiddleware(ScrapyRetryMiddleware):
+    _retry_after: RetryAfterExtension
+
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         middleware = super().from_crawler(crawler)
         middleware.crawler = crawler  # Scrapy 2.13's RetryMiddleware does not keep it
-        middleware._retry_after = RetryAfterExtension.of(crawler)  # type: ignore[attr-defined]
+        middleware._retry_after = RetryAfterExtension.of(crawler)
+        middleware._retry_after.all_retries_installed = True
         middleware._setup_all_retries(crawler)
         return middleware
 
     # -- RETRY_AFTER_ALL_RETRIES ------------------------------------------------
 
     def _setup_all_retries(self, crawler: Crawler) -> None:
-        extension: RetryAfterExtension = self._retry_after  # type: ignore[attr-defined]
+        extension = self._retry_after
         config = extension.config
         self._all = config.enabled and config.all_retries
         self._board = extension.board
+        assert crawler.stats is not None
         self._stats = crawler.stats
-        self._down = ConsecutiveFailures()
         self._rng = random.Random()
         self._wall = time.time
         self._deadlines = any(
             not math.isinf(policy.deadline) for policy in (config.default, *config.slots.values())
         )
-        self._give_up_middleware: Any = None
-        self._waiting: weakref.WeakKeyDictionary[Request, str] = weakref.WeakKeyDictionary()
-        """Retries waiting out their backoff here (no CooldownAwarePriorityQueue), parked if the crawl closes."""
-        extension.held_requests.append(lambda: [(r, s) for r, s in list(self._waiting.items()) if self._waiting.pop(r, None)])
+        self._give_up = extension.give_up
         if not self._all:
             return
-        crawler.signals.connect(self._find_give_up, signal=signals.spider_opened)
         never = sorted(code for code in self.retry_http_codes if classify_status(code) is Rule.NEVER)
         if never:
             logger.info(
@@ -104,23 +95,15 @@ class RetryMiddleware(ScrapyRetryMiddleware):
                 never,
             )
 
-    def _find_give_up(self, **kwargs: Any) -> None:
-        """Give-ups go through RetryAfterMiddleware's one give-up place, where it is installed."""
-        from .middleware import RetryAfterMiddleware
-
-        for middleware in self.crawler.engine.downloader.middleware.middlewares:  # type: ignore[union-attr]
-            if isinstance(middleware, RetryAfterMiddleware):
-                self._give_up_middleware = middleware
-
     def process_request(
         self, request: Request, spider: Spider | None = None
-    ) -> Coroutine[Any, Any, None] | None:
+    ) -> Coroutine[Any, Any, Request | None] | None:
         if not self._all:
             return None
         meta = request.meta
         stamp_first_attempt(meta, self._wall, self._deadlines)
         not_before = meta.get(NOT_BEFORE)
-        if not_before is None or self._retry_after.queue_holds_slots:  # type: ignore[attr-defined]
+        if not_before is None or self._retry_after.queue_holds_slots:
             return None
         if not isinstance(not_before, (int, float)) or not_before <= self._wall():
             return None
@@ -129,41 +112,25 @@ class RetryMiddleware(ScrapyRetryMiddleware):
     async def _wait_in_downloader(self, request: Request, not_before: float) -> Request | None:
         """Without CooldownAwarePriorityQueue a backoff can only be waited out here,
         holding a download place (the README says what that costs)."""
-        self._waiting[request] = self._retry_after.slot_of(request)  # type: ignore[attr-defined]
-        try:
-            while True:
-                engine = self.crawler.engine
-                if engine is None or not engine.running:
-                    return self._park_at_close(request, not_before)
-                left = not_before - self._wall()
-                if left <= 0:
-                    return None
-                await sleep(min(left, _POLL))
-        finally:
-            self._waiting.pop(request, None)
+        slot = self._retry_after.slot_of(request)
+        if await self._retry_after.downloader_hold.wait(request, slot, lambda: not_before - self._wall()):
+            return None
+        detail = "the crawl closed while its retry waited out its backoff"
+        wait = max(0.0, not_before - self._wall())
+        return self._give_up.at_close(request, slot, detail, request.meta.get("retry_times", 0), wait)
 
-    def _park_at_close(self, request: Request, not_before: float) -> Request:
-        parking = self._retry_after.parking  # type: ignore[attr-defined]
-        slot = self._waiting.pop(request, None)
-        if parking is None or slot is None:
-            raise IgnoreRequest(f"crawl stopping while {request} waits for its retry")
-        return parking.park(  # type: ignore[no-any-return]
-            request, slot, "held_at_close", "the crawl closed while its retry waited out its backoff",
-            request.meta.get("retry_times", 0), max(0.0, not_before - self._wall()),
-        )
-
-    def process_response(  # type: ignore[override]
+    def process_response(
         self, request: Request, response: Response, spider: Spider | None = None
     ) -> Request | Response:
         if self._all:
             return self._retry_response(request, response)
-        if owned_by_retry_after(self._retry_after, request, response.status):  # type: ignore[attr-defined]
+        if owned_by_retry_after(self._retry_after, request, response.status):
             return response
         if spider is None:
             return super().process_response(request, response)
         return super().process_response(request, response, spider)
 
-    def process_exception(  # type: ignore[override]
+    def process_exception(
         self, request: Request, exception: Exception, spider: Spider | None = None
     ) -> Request | Response | None:
         if self._all:
@@ -174,11 +141,11 @@ class RetryMiddleware(ScrapyRetryMiddleware):
 
     def _retry_response(self, request: Request, response: Response) -> Request | Response:
         status = response.status
-        if self._down:
-            self._down.reached(self._retry_after.slot_of(request))  # type: ignore[attr-defined]
+        if self._board.streaks:
+            self._board.streaks.reached(self._retry_after.slot_of(request))
         if status not in self.retry_http_codes or request.meta.get("dont_retry", False):
             return response
-        if owned_by_retry_after(self._retry_after, request, status):  # type: ignore[attr-defined]
+        if owned_by_retry_after(self._retry_after, request, status):
             return response
         reason = response_status_message(status)
         return self._retry_failure(request, classify_status(status), reason, status) or response
@@ -194,8 +161,8 @@ class RetryMiddleware(ScrapyRetryMiddleware):
     def _retry_failure(
         self, request: Request, rule: Rule, reason: str | Exception, status: int | None
     ) -> Request | None:
-        slot = self._retry_after.slot_of(request)  # type: ignore[attr-defined]
-        policy = self._retry_after.config.policy_for(slot)  # type: ignore[attr-defined]
+        slot = self._retry_after.slot_of(request)
+        policy = self._retry_after.config.policy_for(slot)
         meta = request.meta
         attempt = meta.get("retry_times", 0) + 1
         max_retries = meta.get("max_retry_times", self.max_retry_times)
@@ -236,7 +203,7 @@ class RetryMiddleware(ScrapyRetryMiddleware):
         retry.meta[NOT_BEFORE] = now + decision.wait
         retry.meta[PREVIOUS_WAIT] = decision.wait
         self._stats.inc_value("retry_after/backoff_retried")
-        self._stats.inc_value("retry_after/backoff_seconds", round(decision.wait, 3))
+        self._stats.inc_value("retry_after/backoff_seconds", round(decision.wait, 3))  # type: ignore[arg-type]  # stats sum seconds; Scrapy types them int
         logger.info(
             "Retrying %(request)s on %(slot)s after %(failure)s, attempt %(attempt)d of %(max)d, "
             "waiting %(wait).2fs in the scheduler (%(reason)s)",
@@ -275,35 +242,25 @@ class RetryMiddleware(ScrapyRetryMiddleware):
             )
             return None
         self._stats.inc_value("retry/max_reached" if exhausted else "retry_after/deadline")
-        reason = f"{label}: {decision.reason}"
         # Retries exhausted: the failure is the answer, and the spider gets the real one.
         # A deadline only says "not now": parked, where parking is on.
-        if not exhausted and self._give_up_middleware is not None:
-            return self._give_up_middleware._give_up(  # type: ignore[no-any-return]
-                request, slot, status, reason, "deadline", wait, attempts=attempt
-            )
-        self._stats.inc_value("retry_after/gave_up")
-        logger.warning(
-            "Gave up %(request)s on %(slot)s after %(attempts)d attempt(s): %(reason)s",
-            {"request": request, "slot": slot, "attempts": attempt, "reason": reason},
-            extra={"spider": self.crawler.spider},
-        )
-        return None
+        reason = f"{label}: {decision.reason}"
+        return self._give_up(request, slot, status, reason, "deadline", wait, attempts=attempt, park=not exhausted)
 
     def _connection_failed(self, request: Request, exception: Exception) -> None:
         """A burst of refused connections pauses the slot: a dead host is a fact about the host."""
-        slot = self._retry_after.slot_of(request)  # type: ignore[attr-defined]
-        policy = self._retry_after.config.policy_for(slot)  # type: ignore[attr-defined]
-        count = self._down.failed(slot)
-        if count < policy.host_down_threshold:
+        slot = self._retry_after.slot_of(request)
+        policy = self._retry_after.config.policy_for(slot)
+        count = self._board.connection_failed(slot)
+        wait = host_down_wait(count, policy.host_down_threshold, policy.backoff, self._rng)
+        if wait is None:
             return
-        wait = policy.backoff.wait(count - policy.host_down_threshold + 1, rng=self._rng)
         added = self._board.cool(slot, wait, policy.wake_jitter)
         if not added:
             return
         self._stats.inc_value("retry_after/host_down")
-        self._stats.inc_value("retry_after/cooldown_seconds", round(added, 3))
-        self._retry_after.send_back(slot)  # type: ignore[attr-defined]
+        self._stats.inc_value("retry_after/cooldown_seconds", round(added, 3))  # type: ignore[arg-type]  # stats sum seconds; Scrapy types them int
+        self._retry_after.send_back(slot)
         logger.warning(
             "Host %(slot)s looks down: %(count)d connection failures in a row (last %(error)s), "
             "pausing the slot %(wait).2fs",

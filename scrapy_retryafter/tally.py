@@ -9,7 +9,7 @@ board's state, into lines. Pure: no Scrapy, no Twisted, no clock.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from .breaker import CLOSED
@@ -31,7 +31,7 @@ class SlotTally:
     def __init__(self) -> None:
         self.responses: collections.Counter[str] = collections.Counter()
         self.throttles: dict[str, collections.Counter[int]] = {}
-        self.cooldown: collections.Counter[str] = collections.Counter()
+        self.cooldown: dict[str, float] = {}
         self.circuit_opens: collections.Counter[str] = collections.Counter()
 
     def responded(self, slot: str) -> None:
@@ -44,10 +44,19 @@ class SlotTally:
 
     def cooled(self, slot: str, cooldown_added: float) -> None:
         if cooldown_added > 0:
-            self.cooldown[slot] += cooldown_added
+            self.cooldown[slot] = self.cooldown.get(slot, 0.0) + cooldown_added
 
     def circuit_opened(self, slot: str) -> None:
         self.circuit_opens[slot] += 1
+
+    def prune(self, live: Callable[[str], bool]) -> int:
+        """Forget the response counts of slots that are not ``live`` and were never throttled,
+        cooled or opened (the closing table names only those); return how many."""
+        remarkable = (self.throttles, self.cooldown, self.circuit_opens)
+        quiet = [slot for slot in self.responses if not live(slot) and not any(slot in kept for kept in remarkable)]
+        for slot in quiet:
+            del self.responses[slot]
+        return len(quiet)
 
     def noteworthy(self, also: Iterable[str] = ()) -> list[str]:
         """Slots that were throttled, cooled, had a circuit open, or are in ``also``; sorted."""

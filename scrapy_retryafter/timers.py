@@ -14,8 +14,8 @@ try:  # Scrapy >= 2.14
     from scrapy.utils.asyncio import call_later as _call_later
     from scrapy.utils.asyncio import create_looping_call as _looping_call
 except ImportError:  # pragma: no cover - Scrapy 2.13
-    _call_later = None
-    _looping_call = None
+    _call_later = None  # type: ignore[assignment]  # mypy checks against 2.19, where the import succeeds
+    _looping_call = None  # type: ignore[assignment]  # the same: 2.13 lacks it
 
 __all__ = ["call_from_thread", "call_later", "looping_call", "sleep"]
 
@@ -26,7 +26,7 @@ def call_later(delay: float, func: Callable[[], object]) -> Any:
         return _call_later(delay, func)
     from twisted.internet import reactor
 
-    return reactor.callLater(delay, func)  # type: ignore[attr-defined]
+    return reactor.callLater(delay, func)
 
 
 def looping_call(func: Callable[[], object]) -> Any:
@@ -48,7 +48,7 @@ def call_from_thread() -> Callable[[Callable[[], object]], Any] | None:
 
     reactor = sys.modules.get("twisted.internet.reactor")
     if reactor is not None and getattr(reactor, "running", False):
-        return reactor.callFromThread  # type: ignore[no-any-return]
+        return reactor.callFromThread
     import asyncio
 
     try:
@@ -61,7 +61,7 @@ async def sleep(seconds: float) -> None:
     try:
         from scrapy.utils.asyncio import is_asyncio_available
     except ImportError:  # pragma: no cover - Scrapy 2.13
-        is_asyncio_available = None  # type: ignore[assignment]
+        is_asyncio_available = None  # type: ignore[assignment]  # Scrapy 2.13 has no such helper
     if is_asyncio_available is not None and is_asyncio_available():
         import asyncio
 

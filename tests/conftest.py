@@ -9,6 +9,7 @@ import pytest_twisted
 from scrapy import Request, Spider
 from scrapy.crawler import CrawlerRunner
 
+from scrapy_retryafter.testing.clock import FakeClock
 from scrapy_retryafter.testing.server import ThrottlingServer
 
 BASE_SETTINGS: dict[str, Any] = {
@@ -62,3 +63,9 @@ async def crawl(requests: list[Request], settings: dict[str, Any] | None = None,
     crawler = runner.create_crawler(spider_cls)
     await crawler.crawl(requests=requests)
     return crawler
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """The one clock of the unit tests: it moves only when the test says so (``clock.advance(2)``)."""
+    return FakeClock()

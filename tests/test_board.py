@@ -10,19 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scrapy_retryafter.board import CooldownBoard, next_release
-
-
-class FakeClock:
-    """A clock that only moves when the test says so."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from scrapy_retryafter.testing.clock import FakeClock
 
 
 class FakeRng:
@@ -39,11 +27,6 @@ class FakeRng:
     def uniform(self, a: float, b: float) -> float:
         self.draws += 1
         return a + (b - a) * self.fraction
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
 
 
 @pytest.fixture
@@ -303,15 +286,69 @@ def test_sweep_drops_success_meters_idle_for_ten_seconds(board, clock):
     for _ in range(40):
         board.succeeded("busy")
         clock.advance(0.3)
-    assert sorted(board._meters) == ["busy", "quiet"]
+    assert board.kept_slots() == {"busy", "quiet"} and board.kept()["meters"] == 2
     board.sweep()
-    assert list(board._meters) == ["busy"]
+    assert board.kept_slots() == {"busy"}
     clock.advance(9.0)
     board.sweep()
-    assert list(board._meters) == ["busy"]
+    assert board.kept_slots() == {"busy"}
     clock.advance(2.0)
     board.sweep()
-    assert list(board._meters) == []
+    assert board.kept_slots() == set()
+
+
+def test_sweep_forgets_failure_streaks_and_quota_windows_once_idle_past_the_memory(board, clock):
+    assert [board.connection_failed("down") for _ in range(3)] == [1, 2, 3]
+    assert board.quota_window("quota", 2000.0) is None
+    clock.advance(board.pace_memory + 1)
+    assert board.quota_window("quota", 2001.0) == 1.0  # seen again: kept
+    board.sweep()
+    assert board.kept() == {"slots": 0, "meters": 0, "streaks": 0, "quota_windows": 1}
+    assert board.connection_failed("down") == 1  # a streak older than the memory is not an outage any more
+    clock.advance(board.pace_memory + 1)
+    board.sweep()
+    assert board.kept_slots() == set()
+
+
+def test_a_slot_throttled_once_and_never_again_is_forgotten_after_the_memory(board, clock):
+    board.throttle("once", clock(), 1.0, learn=False, wake_jitter=0.0, circuit_threshold=5, circuit_open_seconds=60.0)
+    clock.advance(board.pace_memory)
+    board.sweep()
+    assert "once" in board  # its breaker counts one throttle: remembered for a while
+    clock.advance(2.0)
+    board.sweep()
+    assert "once" not in board
+
+
+# --------------------------------------------------------------------------
+# throttle(): one throttle event, in the board's order
+# --------------------------------------------------------------------------
+
+
+def test_a_throttle_cuts_the_pace_and_counts_for_the_breaker_before_it_cools(board, clock):
+    board.announce("a", 10.0)
+    event = board.throttle("a", clock(), 2.0, learn=True, wake_jitter=0.0, circuit_threshold=1, circuit_open_seconds=30.0)
+    # Cooling first would make the throttle look like one answered during its own cooldown: no cut, no count.
+    assert event.rate_before == 10.0 and event.rate_after is not None and event.rate_after < 10.0
+    assert event.opened and event.added == 2.0
+    assert board.breaker_state("a") == "open"
+
+
+def test_throttles_of_requests_sent_before_the_cooldown_belong_to_its_event(board, clock):
+    sent = clock()
+    board.announce("a", 10.0)
+    first = board.throttle("a", sent, 2.0, learn=True, wake_jitter=0.0, circuit_threshold=2, circuit_open_seconds=30.0)
+    clock.advance(0.1)
+    second = board.throttle("a", sent, 2.0, learn=True, wake_jitter=0.0, circuit_threshold=2, circuit_open_seconds=30.0)
+    assert first.rate_after is not None and second.rate_after is None  # one cut per event
+    assert not second.opened  # the breaker counted one throttle, not two
+    assert second.added == pytest.approx(0.1)  # the largest wait wins
+
+
+def test_a_throttle_over_the_cap_refuses_the_slot(board, clock):
+    board.throttle("a", clock(), 5.0, learn=False, wake_jitter=0.0, circuit_threshold=9, circuit_open_seconds=1.0, refuse=600.0)
+    assert board.refused("a") == 600.0
+    assert board.rate("a") is None
 
 
 def test_sweep_drops_expired_keeps_live(board, clock):

@@ -230,6 +230,7 @@ async def test_stopping_during_a_long_cooldown_ends_the_crawl_within_seconds_and
     host = server.add_host(HostConfig(reject_first=1, penalty=60.0))
     server.start()
     from scrapy.crawler import CrawlerRunner
+
     from .conftest import BASE_SETTINGS, ListSpider
 
     park_file = tmp_path / "parked.jsonl"

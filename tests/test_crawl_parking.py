@@ -6,7 +6,7 @@ import json
 import os
 import stat
 import time
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 
 import pytest

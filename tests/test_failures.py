@@ -322,15 +322,40 @@ def test_the_first_attempt_is_stamped_once_and_only_where_a_deadline_applies():
 def test_consecutive_failures_count_per_slot_until_the_host_answers():
     down = ConsecutiveFailures()
     assert not down
-    assert [down.failed("a") for _ in range(3)] == [1, 2, 3]
-    assert down.failed("b") == 1
+    assert [down.failed("a", 1.0) for _ in range(3)] == [1, 2, 3]
+    assert down.failed("b", 2.0) == 1
     down.reached("a")
     assert "a" not in down and "b" in down
-    assert down.failed("a") == 1
+    assert down.failed("a", 3.0) == 1
     down.reached("a")
     down.reached("b")
     down.reached("never seen")
     assert not down
+
+
+def test_consecutive_failures_forget_streaks_whose_last_failure_is_old():
+    down = ConsecutiveFailures()
+    down.failed("old", 1.0)
+    down.failed("new", 1.0)
+    down.failed("new", 5.0)
+    assert down.prune(before=2.0) == 1
+    assert "old" not in down and "new" in down
+    assert down.failed("new", 6.0) == 3
+
+
+@pytest.mark.parametrize(
+    "count, threshold, expected",
+    [(1, 3, None), (2, 3, None), (3, 3, 1.0), (4, 3, 2.0), (5, 3, 4.0), (1, 1, 1.0), (10, 3, 8.0)],
+)
+def test_a_host_is_down_from_the_threshold_on_and_its_pause_grows_with_the_streak(count, threshold, expected):
+    from scrapy_retryafter.backoff import Backoff
+    from scrapy_retryafter.failures import host_down_wait
+
+    class Top:
+        def uniform(self, a: float, b: float) -> float:
+            return b
+
+    assert host_down_wait(count, threshold, Backoff("full", 1.0, 8.0), Top()) == expected
 
 
 def test_a_throttle_without_retry_after_grows_decorrelated_jitter_from_its_last_wait():

@@ -14,21 +14,14 @@ from scrapy.utils.defer import deferred_from_coro
 from scrapy_retryafter.board import CooldownBoard
 from scrapy_retryafter.breaker import HALF_OPEN, OPEN
 from scrapy_retryafter.jobstate import STATE_FILE, load_board, save_board
+from scrapy_retryafter.testing.clock import FakeClock
 from scrapy_retryafter.testing.server import HostConfig
 
 from .conftest import ADDON, BASE_SETTINGS, ListSpider, crawl
 
 
-class Clock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _paused_board() -> CooldownBoard:
-    clock = Clock()
+    clock = FakeClock()
     board = CooldownBoard(clock=clock)
     board.cool("cooling", 100.0)
     board.refuse("refusing", 3600.0)
@@ -41,7 +34,7 @@ def _paused_board() -> CooldownBoard:
 
 def test_a_snapshot_restores_cooldown_refusal_breaker_pace_and_budget_minus_the_pause(tmp_path):
     save_board(_paused_board(), tmp_path, wall=5000.0)
-    clock = Clock(50.0)  # a new process: its own monotonic clock
+    clock = FakeClock(50.0)  # a new process: its own monotonic clock
     resumed = CooldownBoard(clock=clock)
     assert load_board(resumed, tmp_path, wall=5040.0) == 5  # paused for 40 s
     assert resumed.remaining("cooling") == 60.0
@@ -57,7 +50,7 @@ def test_a_snapshot_restores_cooldown_refusal_breaker_pace_and_budget_minus_the_
 
 def test_what_ended_during_the_pause_is_not_restored(tmp_path):
     save_board(_paused_board(), tmp_path, wall=0.0)
-    resumed = CooldownBoard(clock=Clock())
+    resumed = CooldownBoard(clock=FakeClock())
     load_board(resumed, tmp_path, wall=4000.0)
     assert resumed.remaining("cooling") == 0.0
     assert resumed.refused("refusing") == 0.0
@@ -69,12 +62,12 @@ def test_what_ended_during_the_pause_is_not_restored(tmp_path):
 def test_an_unreadable_state_file_restores_nothing_and_never_raises(tmp_path_factory, text):
     jobdir = tmp_path_factory.mktemp("job")
     (jobdir / STATE_FILE).write_text(text)
-    board = CooldownBoard(clock=Clock())
+    board = CooldownBoard(clock=FakeClock())
     assert load_board(board, jobdir) in (-1, 0, *range(1, 100))
 
 
 def test_no_state_file_restores_nothing(tmp_path):
-    assert load_board(CooldownBoard(clock=Clock()), tmp_path) == 0
+    assert load_board(CooldownBoard(clock=FakeClock()), tmp_path) == 0
 
 
 @pytest_twisted.ensureDeferred

@@ -7,14 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scrapy_retryafter.outage import BACKOFF_MAX, BACKOFF_MIN, Outage
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from scrapy_retryafter.testing.clock import FakeClock
 
 
 class Fixed:
@@ -29,7 +22,7 @@ class Fixed:
 
 
 def test_up_is_tried_every_time_and_reports_nothing():
-    outage = Outage(Clock(), Fixed(0.5))
+    outage = Outage(FakeClock(100.0), Fixed(0.5))
     assert outage.may_try()
     assert outage.succeeded() is None
     assert not outage.lost
@@ -45,7 +38,7 @@ def test_up_is_tried_every_time_and_reports_nothing():
     ],
 )
 def test_each_failure_doubles_the_wait_before_the_next_attempt(rng, waits):
-    clock = Clock()
+    clock = FakeClock(100.0)
     outage = Outage(clock, Fixed(rng))
     seen = []
     for attempt, wait in enumerate(waits):
@@ -59,7 +52,7 @@ def test_each_failure_doubles_the_wait_before_the_next_attempt(rng, waits):
 
 
 def test_back_reports_how_long_it_was_lost_once_and_starts_the_backoff_over():
-    clock = Clock()
+    clock = FakeClock(100.0)
     outage = Outage(clock, Fixed(1.0))
     outage.failed()
     clock.now += 0.3
@@ -73,7 +66,7 @@ def test_back_reports_how_long_it_was_lost_once_and_starts_the_backoff_over():
 
 @given(st.lists(st.floats(min_value=0.0, max_value=1.0), min_size=1, max_size=30))
 def test_the_wait_stays_within_its_bounds_whatever_the_jitter(draws):
-    clock = Clock()
+    clock = FakeClock(100.0)
 
     class Draws:
         def __init__(self) -> None:

@@ -19,20 +19,13 @@ from scrapy.squeues import FifoMemoryQueue
 from scrapy.utils.test import get_crawler
 
 from scrapy_retryafter import CooldownAwarePriorityQueue, pqueue
+from scrapy_retryafter import signals as ra_signals
 from scrapy_retryafter.board import CooldownBoard
 from scrapy_retryafter.extension import RetryAfterExtension
-from scrapy_retryafter import signals as ra_signals
+from scrapy_retryafter.testing.clock import FakeClock
 
 HOSTS = ["a.test", "b.test", "c.test", "d.test"]
 CONCURRENCY = 4
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +38,11 @@ def crawler(tmp_path_factory: Any) -> Any:
     return crawler
 
 
-def make_queues(crawler: Any, clock: Clock | None = None) -> tuple[Any, Any]:
+def make_queues(crawler: Any, clock: FakeClock | None = None) -> tuple[Any, Any]:
     crawler.engine.downloader.slots.clear()
     extension = RetryAfterExtension.of(crawler)
     extension._spider_closed()  # no wake-up left from the last queue
-    extension.board = CooldownBoard(clock=clock or Clock())
+    extension.board = CooldownBoard(clock=clock or FakeClock())
     ours = CooldownAwarePriorityQueue.from_crawler(crawler, FifoMemoryQueue, "")
     theirs = DownloaderAwarePriorityQueue.from_crawler(crawler, FifoMemoryQueue, "")
     return ours, theirs
@@ -89,7 +82,7 @@ class BothQueuesAlike(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.clock = Clock()
+        self.clock = FakeClock()
         self.ours, self.theirs = make_queues(self.crawler, self.clock)
         self.pushed = 0
 
@@ -183,7 +176,7 @@ class SameOrderAsLookingAtEverySlot(BothQueuesAlike):
 
     def __init__(self) -> None:
         super().__init__()
-        self.theirs = EverySlotLooked(self.crawler, self.ours._board)
+        self.theirs = EverySlotLooked(self.crawler, RetryAfterExtension.of(self.crawler).board)
 
     @rule(host=st.sampled_from(HOSTS))
     def start(self, host: str) -> None:
@@ -195,7 +188,7 @@ class SameOrderAsLookingAtEverySlot(BothQueuesAlike):
 
     @rule(host=st.sampled_from(HOSTS), seconds=st.sampled_from([0.5, 1.0, 3.0]))
     def cool(self, host: str, seconds: float) -> None:
-        self.ours._board.cool(host, seconds)
+        RetryAfterExtension.of(self.crawler).board.cool(host, seconds)
 
     @rule(seconds=st.sampled_from([0.25, 1.0, 2.0]))
     def wait(self, seconds: float) -> None:
@@ -248,14 +241,14 @@ def test_pop_order_matches_scrapy_in_these_sequences(crawler, way, script):
 
 
 def test_a_cooling_slot_waits_while_others_keep_scrapys_order(crawler, way):
-    clock = Clock()
+    clock = FakeClock()
     ours, theirs = make_queues(crawler, clock)
     for n in range(3):
         for host in ("a.test", "b.test", "c.test"):
             ours.push(Request(f"http://{host}/{n}"))
             if host != "b.test":
                 theirs.push(Request(f"http://{host}/{n}"))
-    ours._board.cool("b.test", 5.0)
+    RetryAfterExtension.of(crawler).board.cool("b.test", 5.0)
     for _ in range(6):
         assert url(ours.pop()) == url(theirs.pop())
     assert ours.pop() is None
@@ -265,9 +258,9 @@ def test_a_cooling_slot_waits_while_others_keep_scrapys_order(crawler, way):
 
 
 def test_a_closed_circuit_frees_its_slot_before_the_time_it_was_held_for(crawler, way):
-    clock = Clock()
+    clock = FakeClock()
     ours, _ = make_queues(crawler, clock)
-    board = ours._board
+    board = RetryAfterExtension.of(crawler).board
     ours.push(Request("http://a.test/0"))
     ours.push(Request("http://a.test/1"))
     assert board.breaker_throttled("a.test", clock.now, threshold=1, open_seconds=60.0)
@@ -310,7 +303,7 @@ class CountingBoard:
 
 def test_a_pop_does_not_look_at_every_cooling_slot(crawler, monkeypatch):
     monkeypatch.setattr(pqueue, "_FEW", 0)
-    clock = Clock()
+    clock = FakeClock()
     ours, _ = make_queues(crawler, clock)
     counting = ours._board = CountingBoard(ours._board)
     for n in range(1000):

@@ -8,8 +8,18 @@ from hypothesis import strategies as st
 
 from scrapy_retryafter.board import CooldownBoard
 from scrapy_retryafter.rate import (
-    AGAIN, DROP_GUARD, MARGIN, PINNED, PROBE_COOLDOWN, PROBE_SCALE, RESTART, STEADY_SCALE, Meter, RateController,
+    AGAIN,
+    DROP_GUARD,
+    MARGIN,
+    PINNED,
+    PROBE_COOLDOWN,
+    PROBE_SCALE,
+    RESTART,
+    STEADY_SCALE,
+    Meter,
+    RateController,
 )
+from scrapy_retryafter.testing.clock import FakeClock
 
 
 def test_first_cut_starts_from_what_was_measured():
@@ -212,16 +222,8 @@ def test_meter_measures_successes_per_second():
     assert meter.rate == pytest.approx(20.0, rel=0.1)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_board_cuts_once_per_throttle_event_and_paces_releases():
-    clock = Clock()
+    clock = FakeClock(100.0)
     board = CooldownBoard(clock=clock)
     for _ in range(20):
         clock.now += 0.05
@@ -240,7 +242,7 @@ def test_board_cuts_once_per_throttle_event_and_paces_releases():
 
 
 def test_a_pace_that_rises_brings_the_waiting_release_forward():
-    clock = Clock()
+    clock = FakeClock(100.0)
     board = CooldownBoard(clock=clock)
     board.throttled("a", sent_at=clock.now)  # slow start at 1 request/s
     board.released("a")
@@ -255,7 +257,7 @@ def test_a_pace_that_rises_brings_the_waiting_release_forward():
 
 
 def test_lateness_is_made_up_only_for_a_stated_quota_and_only_up_to_a_tenth():
-    clock = Clock()
+    clock = FakeClock(100.0)
     learned, stated = CooldownBoard(clock=clock), CooldownBoard(clock=clock)
     learned.throttled("a", sent_at=clock.now)
     learned.released("a")

@@ -9,6 +9,7 @@ from scrapy.http import Headers
 
 from scrapy_retryafter.board import CooldownBoard
 from scrapy_retryafter.ratelimit import QuotaWindows, RateLimitFacts, parse_ratelimit, parse_retry_after_ms
+from scrapy_retryafter.testing.clock import FakeClock
 
 NOW = 1_800_000_000.0  # an epoch in 2027
 
@@ -101,14 +102,6 @@ def test_the_pace_of_a_stated_quota(quota, window, pace):
     assert RateLimitFacts(quota=quota, window=window).rate == pytest.approx(pace)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @given(
     quota=st.integers(1, 120),
     window=st.sampled_from([1.0, 2.0, 10.0, 60.0]),
@@ -117,7 +110,7 @@ class Clock:
 )
 def test_paced_releases_never_put_more_than_the_quota_into_a_window(quota, window, phase, lateness):
     """Fixed windows at any phase, releases as the board paces them, each late by any share of an interval."""
-    clock = Clock()
+    clock = FakeClock()
     board = CooldownBoard(clock=clock)
     board.announce("a", RateLimitFacts(quota=quota, window=window).rate)
     interval = 1 / board.rate("a")

@@ -108,3 +108,39 @@ async def test_retry_enabled_false_turns_every_retry_off_without_a_warning(serve
     assert not [r for r in caplog.records if "RETRY_AFTER_ALL_RETRIES" in r.getMessage()]
     [failure] = crawler.spider.failures
     assert failure.value.response.status == 502
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_our_queue_a_retry_waiting_in_the_downloader_when_the_crawl_stops_is_parked_not_sent(
+    server, tmp_path
+):
+    import json
+
+    from scrapy.crawler import CrawlerRunner
+    from scrapy.utils.defer import deferred_from_coro
+    from twisted.internet import reactor, task
+
+    from .conftest import BASE_SETTINGS
+
+    host = server.add_host(HostConfig(fail_first=1, failure="502"))
+    server.start()
+    park_file = tmp_path / "parked.jsonl"
+    settings = {
+        **BASE_SETTINGS,
+        "DOWNLOADER_MIDDLEWARES": OUR_RETRY,
+        "RETRY_AFTER_ALL_RETRIES": True,
+        "RETRY_AFTER_BACKOFF_STRATEGY": "none",
+        "RETRY_AFTER_BACKOFF_BASE": 3.0,
+        "RETRY_AFTER_PARK_FILE": str(park_file),
+    }
+    crawler = CrawlerRunner(settings).create_crawler(ListSpider)
+    done = crawler.crawl(requests=[Request(host.url("/waiting"))])
+    await task.deferLater(reactor, 1.0, lambda: None)
+    stop = getattr(crawler, "stop_async", None)
+    await (deferred_from_coro(stop()) if stop else crawler.stop())
+    await done
+    await task.deferLater(reactor, 0.5, lambda: None)  # a request wrongly let through would arrive by now
+    records = [json.loads(line) for line in park_file.read_text().splitlines() if line.strip()]
+    assert [(r["url"], r["reason"]) for r in records] == [(host.url("/waiting"), "held_at_close")]
+    assert "backoff" in records[0]["detail"]
+    assert [a.status for a in server.arrivals(host)] == [502]

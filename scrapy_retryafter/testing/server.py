@@ -17,10 +17,27 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.utils import formatdate
-from typing import Any
+from typing import Any, Protocol, cast
 
 from twisted.internet import defer
 from twisted.web import resource, server
+
+
+class _Reactor(Protocol):
+    """What the server uses of the reactor (its zope interfaces do not type-check without a plugin)."""
+
+    def callLater(self, delay: float, callable: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+
+    def listenTCP(self, port: int, factory: Any, backlog: int = 50, interface: str = "") -> Any: ...
+
+    def run(self) -> None: ...
+
+
+def _reactor() -> _Reactor:
+    """The installed reactor, typed: imported at first use so that importing this module installs none."""
+    from twisted.internet import reactor
+
+    return cast("_Reactor", reactor)
 
 __all__ = ["Arrival", "HostConfig", "ThrottlingServer", "Host"]
 
@@ -258,9 +275,7 @@ class _Resource(resource.Resource):
                 request.write(body)
                 request.finish()
 
-        from twisted.internet import reactor
-
-        reactor.callLater(host.config.latency, finish)  # type: ignore[attr-defined]
+        _reactor().callLater(host.config.latency, finish)
         return server.NOT_DONE_YET
 
 
@@ -308,11 +323,9 @@ class ThrottlingServer:
         self._listen(host, host.port or 0)
 
     def _listen(self, host: Host, port_number: int) -> None:
-        from twisted.internet import reactor
-
         site = server.Site(_Resource(host))
         site.noisy = False
-        port = reactor.listenTCP(port_number, site, interface=host.address)  # type: ignore[attr-defined]
+        port = _reactor().listenTCP(port_number, site, interface=host.address)
         host.port = port.getHost().port
         self._ports.append(port)
 
@@ -347,8 +360,7 @@ def main(argv: list[str] | None = None) -> None:
     import json
     import sys
 
-    from twisted.internet import reactor
-
+    reactor = _reactor()
     args = sys.argv[1:] if argv is None else argv
     quiet = bool(args) and args[0] == "--quiet"
     args = args[1:] if quiet else args
@@ -366,10 +378,10 @@ def main(argv: list[str] | None = None) -> None:
         for arrival in srv.log[printed:]:
             print(json.dumps({"t": arrival.t, "host": arrival.host, "path": arrival.path, "status": arrival.status}), flush=True)
         printed = len(srv.log)
-        reactor.callLater(0.05, flush)  # type: ignore[attr-defined]
+        reactor.callLater(0.05, flush)
 
     flush()
-    reactor.run()  # type: ignore[attr-defined]
+    reactor.run()
 
 
 if __name__ == "__main__":

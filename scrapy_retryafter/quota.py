@@ -1,0 +1,97 @@
+"""What a response's rate-limit headers make the crawler do: pace, cool, or nothing.
+
+headers are parsed in ratelimit.py; the rules that turn those facts into a
+pace and a cooldown are here, pure, so that a table tests them:
+
+- pace from a stated quota and window; from a quota whose window is learnt
+  from successive resets; else spread what is left until the reset;
+- cool until the reset when the quota left is spent by the requests already
+  on the wire;
+- never cool past the cap (RETRY_AFTER_MAX_DELAY): such a reset is skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .ratelimit import RateLimitFacts, quota_pace
+
+__all__ = ["QuotaDecision", "QuotaWindows", "decide_quota", "wants_window"]
+
+
+@dataclass(frozen=True)
+class QuotaDecision:
+    rate: float | None
+    """Requests/s to pace the slot at; None: the headers state no pace."""
+    cooldown: float
+    """Seconds to cool the slot until its quota resets; 0.0: no cooldown."""
+    past_cap: bool = False
+    """The quota is spent but its reset is past the cap: not cooled."""
+
+
+def wants_window(facts: RateLimitFacts) -> bool:
+    """Whether a pace needs the window learnt from successive resets (a quota stated without one)."""
+    return facts.rate is None and bool(facts.quota) and facts.reset_at is not None
+
+
+def decide_quota(facts: RateLimitFacts, window: float | None, on_the_wire: int, max_delay: float) -> QuotaDecision:
+    """The pace and cooldown ``facts`` call for.
+
+    ``window`` is the learnt window (``QuotaWindows``) when ``wants_window``;
+    ``on_the_wire`` counts the slot's other requests already sent, which
+    spend what is left too.
+    """
+    rate = facts.rate
+    if rate is None and facts.quota and window:
+        rate = quota_pace(facts.quota, window)
+    if rate is None and facts.remaining and facts.reset:
+        rate = facts.remaining / facts.reset  # no stated window: spread what is left until the reset
+    if facts.remaining is None or facts.remaining > on_the_wire or not facts.reset:
+        return QuotaDecision(rate, 0.0)
+    if facts.reset > max_delay:
+        return QuotaDecision(rate, 0.0, past_cap=True)
+    return QuotaDecision(rate, facts.reset)
+
+
+class QuotaWindows:
+    """The window of a quota stated without one (``X-RateLimit-Limit`` with an epoch reset).
+
+    The epoch a window resets at is the same on every response of that
+    window and moves on by the window's length when the next one starts;
+    spreading what is left until a reset rounded to whole seconds would
+    instead pace a one-second window at anything from half its quota up.
+    An idle slot may see the reset move on by several windows: that paces
+    it slower until the next step, never faster. The board owns it and
+    prunes it in its sweep.
+    """
+
+    def __init__(self, most: int = 10_000) -> None:
+        self.most = most
+        self._seen: dict[str, tuple[float, float, float]] = {}
+        """Slot -> (latest reset epoch, window, when last seen on the board's clock)."""
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def __contains__(self, slot: str) -> bool:
+        return slot in self._seen
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._seen)
+
+    def window(self, slot: str, reset_at: float, now: float) -> float | None:
+        previous, window, _ = self._seen.get(slot, (reset_at, 0.0, now))
+        if reset_at > previous:
+            window = reset_at - previous
+        elif slot not in self._seen and len(self._seen) >= self.most:
+            self._seen.clear()  # a broad crawl between sweeps: start over rather than grow
+        self._seen[slot] = (max(previous, reset_at), window, now)
+        return window or None
+
+    def prune(self, before: float) -> int:
+        """Forget the slots last seen before ``before``; return how many."""
+        stale = [slot for slot, (_, _, seen) in self._seen.items() if seen < before]
+        for slot in stale:
+            del self._seen[slot]
+        return len(stale)

@@ -1,0 +1,109 @@
+"""Every use of a Scrapy attribute that is not public API, in one place.
+
+Each entry says which Scrapy versions it was checked against (2.13 to 2.19,
+the supported range) and what breaks if Scrapy changes it, so a Scrapy
+upgrade is checked here and nowhere else. redis_queue.py still reads
+``downloader.slots`` and a slot's ``active``/``concurrency`` itself.
+"""
+
+from __future__ import annotations
+
+import operator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from scrapy.pqueues import DownloaderAwarePriorityQueue
+from scrapy.pqueues import _path_safe as _scrapy_path_safe
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from scrapy.crawler import Crawler
+
+__all__ = [
+    "ROUND_ROBIN",
+    "downloader_middlewares",
+    "downloader_slots",
+    "last_selected",
+    "next_slot",
+    "nudge_engine",
+    "scheduler_state_file",
+    "path_safe",
+    "set_last_selected",
+    "slot_load",
+    "take_queued",
+    "transferring",
+]
+
+# scrapy.pqueues._path_safe (2.13-2.19): the directory name of a slot's disk queue under JOBDIR.
+path_safe: Callable[[str], str] = _scrapy_path_safe
+
+# DownloaderAwarePriorityQueue._next_slot and ._last_selected_slot (2.19; absent in 2.13): ties among
+# the least busy slots go round-robin by name after the last chosen; 2.13 takes the smallest name.
+ROUND_ROBIN = hasattr(DownloaderAwarePriorityQueue, "_next_slot")
+
+
+def next_slot(queue: DownloaderAwarePriorityQueue, stats: list[tuple[int, str]], *, update_state: bool) -> str:
+    """Scrapy 2.19's round-robin choice among (active, slot) pairs (ROUND_ROBIN only)."""
+    return queue._next_slot(stats, update_state=update_state)
+
+
+def set_last_selected(queue: DownloaderAwarePriorityQueue, slot: str | None) -> None:
+    """Where 2.19's round robin goes on from (ROUND_ROBIN only)."""
+    queue._last_selected_slot = slot
+
+
+def last_selected(queue: DownloaderAwarePriorityQueue) -> str | None:
+    return getattr(queue, "_last_selected_slot", None)
+
+
+# scrapy.core.downloader.Slot.active / .concurrency (2.13-2.19): requests of the slot in the downloader,
+# and how many it may have. One C-level call in the queue's hot loop: (active set, concurrency).
+slot_load: Callable[[Any], tuple[Any, int]] = operator.attrgetter("active", "concurrency")
+
+
+def downloader_slots(crawler: Crawler) -> dict[str, Any]:
+    """``engine.downloader.slots`` (2.13-2.19): download slot key -> scrapy.core.downloader.Slot."""
+    engine = getattr(crawler, "engine", None)
+    slots: dict[str, Any] = getattr(getattr(engine, "downloader", None), "slots", {})
+    return slots
+
+
+def downloader_middlewares(crawler: Crawler) -> list[Any]:
+    """``engine.downloader.middleware.middlewares`` (2.13-2.19): the built downloader middlewares."""
+    assert crawler.engine is not None
+    return list(crawler.engine.downloader.middleware.middlewares)
+
+
+def transferring(crawler: Crawler, slot: str) -> int:
+    """``Slot.transferring`` (2.13-2.19): how many of ``slot``'s requests are on the wire."""
+    downloader_slot = downloader_slots(crawler).get(slot)
+    return len(downloader_slot.transferring) if downloader_slot is not None else 0
+
+
+def take_queued(crawler: Crawler, slot: str) -> list[tuple[Any, Any]]:
+    """Empty ``Slot.queue`` (2.13-2.19, a deque of (request, deferred)): the slot's requests that
+    reached the downloader but are not on the wire yet."""
+    downloader_slot = downloader_slots(crawler).get(slot)
+    if downloader_slot is None or not downloader_slot.queue:
+        return []
+    waiting = list(downloader_slot.queue)
+    downloader_slot.queue.clear()
+    return waiting
+
+
+def nudge_engine(crawler: Crawler) -> None:
+    """``engine._slot.nextcall.schedule()`` (2.13-2.19): make the engine look at the scheduler soon.
+
+    Scrapy has no public call for it; without it a reopened slot waits for the next heartbeat (5 s).
+    """
+    engine_slot = getattr(getattr(crawler, "engine", None), "_slot", None)
+    nextcall = getattr(engine_slot, "nextcall", None)
+    if nextcall is not None:
+        nextcall.schedule()
+
+
+def scheduler_state_file(jobdir: Path) -> Path:
+    """``JOBDIR/requests.queue/active.json`` (2.13-2.19): the scheduler's saved priority-queue state,
+    a dict for DownloaderAwarePriorityQueue and its subclasses, a list for ScrapyPriorityQueue."""
+    return jobdir / "requests.queue" / "active.json"

@@ -1,0 +1,95 @@
+"""quota.py: the pace and cooldown rate-limit headers call for, as a table; the learnt windows."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scrapy_retryafter.quota import QuotaDecision, QuotaWindows, decide_quota, wants_window
+from scrapy_retryafter.ratelimit import RateLimitFacts
+
+NOW = 1_700_000_000.0
+F = RateLimitFacts
+
+
+@pytest.mark.parametrize(
+    "facts, window, on_the_wire, max_delay, expected",
+    [
+        # pace from a stated quota and window: (q-1)/w
+        (F(quota=20, window=1), None, 0, 300, QuotaDecision(19.0, 0.0)),
+        (F(quota=100, window=60, remaining=50, reset=30), None, 0, 300, QuotaDecision(99 / 60, 0.0)),
+        # a quota without a window: the learnt one, when known
+        (F(quota=20, reset=0.5, reset_at=NOW + 1), 1.0, 0, 300, QuotaDecision(19.0, 0.0)),
+        (F(quota=20, reset=0.5, reset_at=NOW + 1), None, 0, 300, QuotaDecision(None, 0.0)),
+        # nothing stated but what is left: spread it until the reset
+        (F(remaining=10, reset=5), None, 0, 300, QuotaDecision(2.0, 0.0)),
+        (F(remaining=10, reset=0), None, 0, 300, QuotaDecision(None, 0.0)),
+        (F(remaining=0, reset=5), None, 0, 300, QuotaDecision(None, 5.0)),
+        # spent by the requests on the wire: cool until the reset
+        (F(remaining=3, reset=5), None, 3, 300, QuotaDecision(0.6, 5.0)),
+        (F(remaining=3, reset=5), None, 2, 300, QuotaDecision(0.6, 0.0)),
+        (F(remaining=1, reset=2, quota=10, window=2), None, 1, 300, QuotaDecision(4.5, 2.0)),
+        # no reset: nothing to cool for
+        (F(remaining=0), None, 0, 300, QuotaDecision(None, 0.0)),
+        (F(remaining=0, reset=0), None, 0, 300, QuotaDecision(None, 0.0)),
+        # past the cap: skipped, never cooled for
+        (F(remaining=0, reset=400), None, 0, 300, QuotaDecision(None, 0.0, past_cap=True)),
+        (F(remaining=0, reset=300), None, 0, 300, QuotaDecision(None, 300.0)),
+        # remaining unknown: only a pace
+        (F(quota=60, window=60, reset=10), None, 5, 300, QuotaDecision(59 / 60, 0.0)),
+    ],
+)
+def test_what_the_rate_limit_headers_call_for(facts, window, on_the_wire, max_delay, expected):
+    decision = decide_quota(facts, window, on_the_wire, max_delay)
+    assert decision.cooldown == expected.cooldown
+    assert decision.past_cap is expected.past_cap
+    assert decision.rate == (pytest.approx(expected.rate) if expected.rate is not None else None)
+
+
+@pytest.mark.parametrize(
+    "facts, wanted",
+    [
+        (F(quota=20, reset_at=NOW), True),
+        (F(quota=20, window=1, reset_at=NOW), False),  # the window is stated
+        (F(quota=20), False),  # a delta reset: no epoch to learn from
+        (F(remaining=5, reset_at=NOW), False),  # no quota to pace from
+    ],
+)
+def test_a_window_is_learnt_only_for_a_quota_stated_without_one(facts, wanted):
+    assert wants_window(facts) is wanted
+
+
+@given(
+    remaining=st.one_of(st.none(), st.floats(0, 1e6)),
+    reset=st.one_of(st.none(), st.floats(0, 1e6)),
+    on_the_wire=st.integers(0, 100),
+    max_delay=st.floats(0.1, 1e4),
+)
+def test_a_cooldown_never_passes_the_cap_and_comes_only_with_the_quota_spent(remaining, reset, on_the_wire, max_delay):
+    decision = decide_quota(F(remaining=remaining, reset=reset), None, on_the_wire, max_delay)
+    assert 0.0 <= decision.cooldown <= max_delay
+    if decision.cooldown:
+        assert remaining is not None and remaining <= on_the_wire and decision.cooldown == reset
+    assert not (decision.cooldown and decision.past_cap)
+
+
+def test_the_window_is_how_far_the_reset_epoch_moves_on():
+    windows = QuotaWindows()
+    assert windows.window("a", NOW + 1, 0.0) is None  # one window seen: its length is unknown
+    assert windows.window("a", NOW + 1, 0.1) is None  # same window, any number of responses
+    assert windows.window("a", NOW + 2, 1.0) == 1.0
+    assert windows.window("a", NOW + 2, 1.1) == 1.0
+    assert windows.window("a", NOW + 1, 1.2) == 1.0  # a late response of an older window changes nothing
+    assert windows.window("a", NOW + 5, 4.0) == 3.0  # idle over two windows: slower for one window, never faster
+    assert windows.window("a", NOW + 6, 5.0) == 1.0
+    assert windows.window("b", NOW + 60, 5.0) is None  # per slot
+
+
+def test_quota_windows_stay_bounded_between_sweeps_and_forget_idle_slots_at_one():
+    windows = QuotaWindows(most=100)
+    for i in range(1000):
+        windows.window(f"host{i}", NOW, float(i))
+    assert len(windows) <= 100
+    assert windows.prune(before=950.0) == 50
+    assert len(windows) == 50 and "host999" in windows and "host949" not in windows
