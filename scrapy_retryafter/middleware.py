@@ -22,7 +22,7 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 from . import scrapy_compat
 from .extension import RetryAfterExtension, SlotCoolingDown
 from .failures import PREVIOUS_WAIT, past_deadline, stamp_first_attempt
-from .headers import parse_http_date, parse_retry_after
+from .headers import parse_retry_after
 from .holding import THROTTLES
 from .policy import Decision, SlotPolicy, decide
 from .quota import decide_quota, wants_window
@@ -177,10 +177,9 @@ class RetryAfterMiddleware:
         policy = self.config.policy_for(slot)
         if response.status not in policy.http_codes:
             return None
-        header = response.headers.get(b"Retry-After")
-        server_now = parse_http_date(response.headers.get(b"Date"))
-        retry_after = parse_retry_after(header, now=server_now)
-        if header is not None and retry_after is None:
+        header = response.headers.getlist(b"Retry-After")
+        retry_after = parse_retry_after(header, date=response.headers.get(b"Date"))
+        if header and retry_after is None:
             self.stats.inc_value("retry_after/header_invalid")
         if retry_after is None and policy.ratelimit_headers:
             retry_after = self._announced_wait(response)
@@ -232,7 +231,7 @@ class RetryAfterMiddleware:
                 "status": response.status,
                 "request": request,
                 "attempt": throttles,
-                "header": header.decode("latin-1") if header is not None else None,
+                "header": b", ".join(header).decode("latin-1")[:120] if header else None,
                 "wait": self.board.remaining(slot),
                 "reason": decision.reason,
                 "outcome": "" if retrying else ", not retried",

@@ -275,21 +275,11 @@ def test_a_github_style_hourly_quota_raises_nothing(crawl):
     assert not failures, failures
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="middleware.py reads headers.get(b'Retry-After') (the last value); wire "
-    "parse_retry_after(response.headers.getlist(b'Retry-After'), date=response.headers.get(b'Date'))",
-)
 def test_several_retry_after_headers_the_largest_wins(crawl):
     slot, _, _ = crawl.respond(429, [("Retry-After", b"400"), ("Retry-After", b"1")])
     assert crawl.board.refused(slot) > 0  # 400 s is over the 300 s cap
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="middleware.py passes the parsed Date as the clock (now=server_now); wire "
-    "parse_retry_after(..., date=response.headers.get(b'Date')), which trusts Date only within a day",
-)
 def test_a_date_header_of_1970_is_not_trusted(crawl):
     slot, _, _ = crawl.respond(429, [("Retry-After", _http_date(5)), ("Date", b"Thu, 01 Jan 1970 00:00:00 GMT")])
     assert crawl.board.refused(slot) == 0.0
