@@ -86,6 +86,8 @@ class RetryAfterExtension:
         self.config = config
         self.clock = clock
         self.stats = crawler.stats
+        self._fleet: FleetBoard | None = None
+        """The board again, when it is shared by a fleet: what only a fleet board does."""
         self.board = self._make_board(config, clock)
         self.tally = SlotTally()
         self.codes = config.all_codes
@@ -103,7 +105,6 @@ class RetryAfterExtension:
         self.held_requests: list[HeldRequests] = []
         """Callables yielding (request, slot) held outside the scheduler (middleware-only mode),
         or (request, slot, why) (requests Redis never took)."""
-        self._fleet: FleetBoard | None = None
         self.jobdir: str | None = crawler.settings.get("JOBDIR") or None
         if self.jobdir and config.enabled:
             self._resume(self.jobdir)
