@@ -73,6 +73,7 @@ _TRANSIENT_META = (
     "retry_after_throttles", "retry_times", "download_latency", _PARKED, STARTED, NOT_BEFORE, PREVIOUS_WAIT,
 )
 _FLUSH_INTERVAL = 5.0
+_LOAD_BATCH = 200
 _COMPACT_AFTER = 10_000
 """Records marked done by this run since its last compaction that start one."""
 
@@ -265,21 +266,33 @@ class Parking:
         logger.error("Park file: %(why)s", {"why": why}, extra={"spider": self.crawler.spider})
 
     def _in_worker(self, work: Any, then: Any, *args: Any) -> concurrent.futures.Future[Any]:
-        """Run ``work(*args)`` in the worker; ``then(result, error)`` back on the crawl's loop."""
+        """Run ``work(*args)`` in the worker; ``then(result, error)`` back on the crawl's loop.
+
+        Where no loop can be reached from another thread, both run here and now.
+        """
         assert self._worker is not None
-        try:
-            future = self._worker.submit(work, *args)
-        except RuntimeError:  # shut down: the crawl has closed
-            future = concurrent.futures.Future()
-            future.set_exception(ParkFileError(1, "the park file is closed"))
+        if self._to_loop is None:
+            self._to_loop = call_from_thread()
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        if self._to_loop is not None:
+            try:
+                future = self._worker.submit(work, *args)
+            except RuntimeError:  # shut down: the crawl has closed
+                future.set_exception(ParkFileError(1, "the park file is closed"))
+        else:
+            try:
+                future.set_result(work(*args))
+            except Exception as error:  # noqa: BLE001 - handed to ``then`` as the worker would
+                future.set_exception(error)
+        to_loop = self._to_loop
 
         def done(future: concurrent.futures.Future[Any]) -> None:
             failure = future.exception()
             result = None if failure is not None else future.result()
-            if self._to_loop is None:
+            if to_loop is None:
                 then(result, failure)
             else:
-                self._to_loop(functools.partial(then, result, failure))
+                to_loop(functools.partial(then, result, failure))
 
         future.add_done_callback(done)
         return future
@@ -300,8 +313,8 @@ class Parking:
         return claimed
 
     def _loaded(self, claimed: Claimed | None, error: BaseException | None) -> None:
-        self._loading = False
         if error is not None or claimed is None:
+            self._loading = False
             logger.error(
                 "Park file %(path)s could not be read (%(error)s): nothing was loaded from it",
                 {"path": self.path, "error": error}, extra={"spider": self.crawler.spider},
@@ -309,12 +322,15 @@ class Parking:
             return
         for bad in claimed.bad:
             self._set_aside_warning(bad.id, bad.url, bad.why)
-        refused: list[Bad] = []
+        self._schedule(claimed, 0, [], 0)
+
+    def _schedule(self, claimed: Claimed, start: int, refused: list[Bad], loaded: int) -> None:
+        """Rebuild and schedule the claimed requests, a batch per loop turn (the reactor stays free)."""
         now = time.time()
-        loaded = 0
-        for record in claimed.records:
+        batch = claimed.records[start:start + _LOAD_BATCH]
+        for record in batch:
             if self._closed:
-                continue
+                break
             try:
                 request = self._request(record)
             except ValueError as error:
@@ -329,6 +345,10 @@ class Parking:
                 self._crawl(record.id, request)
             else:
                 self._pending[record.id] = call_later(wait, functools.partial(self._crawl, record.id, request))
+        if start + _LOAD_BATCH < len(claimed.records) and not self._closed:
+            call_later(0, functools.partial(self._schedule, claimed, start + _LOAD_BATCH, refused, loaded))
+            return
+        self._loading = False
         if (refused or claimed.bad) and not self._closed:
             self._in_worker(self._set_aside, self._worker_failed, refused)
         if loaded or claimed.later:
@@ -341,7 +361,7 @@ class Parking:
             )
         if self._closed:
             return
-        engine = self.crawler.engine
+        engine = self._engine()
         if engine is not None and not loaded:
             # The engine may have gone idle while the file was read: let it look again.
             slot = getattr(engine, "_slot", None)
@@ -401,10 +421,16 @@ class Parking:
 
     def _crawl(self, record_id: str, request: Request) -> None:
         self._pending.pop(record_id, None)
-        engine = self.crawler.engine
+        engine = self._engine()
         if engine is None or self._closed:
             return
         engine.crawl(request)
+
+    def _engine(self) -> Any:
+        try:
+            return self.crawler.engine
+        except (AttributeError, RuntimeError):  # not crawling (yet, or any more)
+            return None
 
     def _spider_idle(self, **kwargs: Any) -> None:
         if self._loading:
@@ -423,7 +449,7 @@ class Parking:
 
     def _mark_done(self, done: set[str]) -> None:
         assert self.file is not None
-        self.file.done(sorted(done))
+        self.file.done(done)  # unsorted: one long C call would hold the GIL (and the reactor)
         if self.file.tombstones >= _COMPACT_AFTER:
             self.file.compact()
 
@@ -464,12 +490,12 @@ class Parking:
     def _close_file(self, done: set[str], reparked: set[str]) -> None:
         """Last work of the run: its removals, its claims given back, the log compacted."""
         assert self.file is not None
-        release = self._claimed_in_worker - done - reparked
+        release = [key for key in self._claimed_in_worker if key not in done and key not in reparked]
         try:
             if done:
-                self.file.done(sorted(done))
+                self.file.done(done)
             if release:
-                self.file.release(sorted(release))
+                self.file.release(release)
             self.file.compact(release_own=True)
         finally:
             self.file.close()
@@ -503,8 +529,10 @@ class Parking:
 async def _finished(future: concurrent.futures.Future[Any], to_loop: Any) -> Any:
     """Wait for a worker's future on whichever loop runs this coroutine (asyncio, or a plain reactor)."""
     try:
-        asyncio.get_running_loop()
+        in_asyncio_task = asyncio.current_task() is not None
     except RuntimeError:
+        in_asyncio_task = False
+    if not in_asyncio_task:
         from twisted.internet.defer import Deferred
 
         deferred: Deferred[Any] = Deferred()
