@@ -74,6 +74,7 @@ MAX_IDS_PER_LINE = 1000
 _CHUNK = 1 << 20
 _TORN_HEAD = 4096
 _LOCK_TIMEOUT = 30.0
+_STALE_TEMPORARY = 3600.0
 _MAX_NOT_BEFORE = 253402300799.0  # 9999-12-31T23:59:59Z
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -467,8 +468,8 @@ class Fold:
 LINE, LONG, TORN = "line", "long", "torn"
 
 
-def _lines(fd: int, offset: int, complete: bool) -> Iterator[tuple[bytes, int, str]]:
-    """(line, offset after it, kind) from ``offset`` on, read in chunks.
+def _lines(fd: int, offset: int, complete: bool, end: int | None = None) -> Iterator[tuple[bytes, int, str]]:
+    """(line, offset after it, kind) from ``offset`` to ``end`` (or the end of the file), read in chunks.
 
     A last line without its newline is yielded (as TORN) only when
     ``complete`` (under the lock: a torn write); otherwise a writer may still
@@ -478,18 +479,19 @@ def _lines(fd: int, offset: int, complete: bool) -> Iterator[tuple[bytes, int, s
     skipping = False
     position = offset
     while True:
-        chunk = os.pread(fd, _CHUNK, position)
+        size = _CHUNK if end is None else min(_CHUNK, end - position)
+        chunk = os.pread(fd, size, position) if size > 0 else b""
         if not chunk:
             break
         base = position
         position += len(chunk)
         start = 0
         while True:
-            end = chunk.find(b"\n", start)
-            if end < 0:
+            newline = chunk.find(b"\n", start)
+            if newline < 0:
                 break
-            piece = chunk[start:end + 1]
-            start = end + 1
+            piece = chunk[start:newline + 1]
+            start = newline + 1
             if skipping:
                 yield pending, base + start, LONG
                 pending, skipping = b"", False
@@ -543,6 +545,28 @@ def _no_gc_pauses() -> Iterator[None]:
             _gc_users -= 1
             if _gc_users == 0 and _gc_was_enabled:
                 gc.enable()
+
+
+def _committed(fd: int) -> int:
+    """The file's size at a moment no writer holds the lock: bytes below it are whole and stay.
+
+    (A writer that fails cuts the file back to where it started, under its
+    lock: a read without the lock must not go past what was committed.)
+    """
+    assert fcntl is not None
+    deadline = time.monotonic() + _LOCK_TIMEOUT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise ParkFileError(errno.ETIMEDOUT, "the park file stayed locked too long") from None
+            time.sleep(0.001)
+    try:
+        return os.fstat(fd).st_size
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def _identity(info: os.stat_result) -> tuple[int, int]:
@@ -812,7 +836,7 @@ class ParkFile:
             except FileNotFoundError:
                 return fold
             try:
-                for line, _, kind in _lines(fd, 0, complete=False):
+                for line, _, kind in _lines(fd, 0, complete=False, end=_committed(fd)):
                     _apply_line(fold, line, kind)
             finally:
                 os.close(fd)
@@ -821,27 +845,35 @@ class ParkFile:
         return fold
 
     def _read_then_lock(self, dir_fd: int) -> tuple[int, Fold, int] | None:
-        """The log folded: most of it read before taking the lock, the rest under it."""
+        """The log folded: most of it read before taking the lock, the rest under it.
+
+        The first descriptor stays open until the comparison under the lock,
+        so its inode cannot be freed and reused by a compaction meanwhile.
+        """
         try:
             fd = self._open_in(dir_fd, self.path.name, os.O_RDONLY)
         except FileNotFoundError:
             return None
-        fold, offset = Fold(), 0
         try:
+            fold, offset = Fold(), 0
             before = _identity(os.fstat(fd))
-            for line, offset, kind in _lines(fd, 0, complete=False):
+            for line, offset, kind in _lines(fd, 0, complete=False, end=_committed(fd)):
                 _apply_line(fold, line, kind)
+            locked = self._locked(dir_fd, create=False)
+            if locked is None:
+                return None
+            try:
+                if _identity(os.fstat(locked)) != before:
+                    fold, offset = Fold(), 0  # compacted meanwhile: read it all under the lock
+                end = offset
+                for line, end, kind in _lines(locked, offset, complete=True):
+                    _apply_line(fold, line, kind)
+            except BaseException:
+                os.close(locked)
+                raise
+            return locked, fold, end
         finally:
             os.close(fd)
-        locked = self._locked(dir_fd, create=False)
-        if locked is None:
-            return None
-        if _identity(os.fstat(locked)) != before:
-            fold, offset = Fold(), 0  # compacted meanwhile: read it all under the lock
-        end = offset
-        for line, end, kind in _lines(locked, offset, complete=True):
-            _apply_line(fold, line, kind)
-        return locked, fold, end
 
     def claim(self, take: Callable[[Entry], bool | None]) -> Claimed:
         """Claim the free records ``take`` says yes to; None from it means "later", False "not ours".
@@ -929,16 +961,20 @@ class ParkFile:
 
     def _compact(self, dir_fd: int, release_own: bool) -> int:
         try:
-            fd = self._open_in(dir_fd, self.path.name, os.O_RDONLY)
+            snapshot = self._open_in(dir_fd, self.path.name, os.O_RDONLY)
         except FileNotFoundError:
             return 0
-        fold, offset = Fold(), 0
         try:
-            before = _identity(os.fstat(fd))
-            for line, offset, kind in _lines(fd, 0, complete=False):
-                _apply_line(fold, line, kind)
+            # Open until the comparison under the lock: its inode cannot be reused meanwhile.
+            return self._compact_from(dir_fd, snapshot, release_own)
         finally:
-            os.close(fd)
+            os.close(snapshot)
+
+    def _compact_from(self, dir_fd: int, fd: int, release_own: bool) -> int:
+        fold, offset = Fold(), 0
+        before = _identity(os.fstat(fd))
+        for line, offset, kind in _lines(fd, 0, complete=False, end=_committed(fd)):
+            _apply_line(fold, line, kind)
         mine = self.owner
         claims: dict[Owner, list[str]] = {}
         judged: dict[Owner, bool] = {}
@@ -970,6 +1006,7 @@ class ParkFile:
                     _apply_line(tail, line, kind)
                 if tail.bad:
                     self._keep_aside(tail.bad)
+                self._remove_stale_temporaries(dir_fd, os.path.basename(name))
                 left = len(fold.records) + len(tail.records)
                 if left == 0 and not copied.strip():
                     os.unlink(self.path.name, dir_fd=dir_fd)
@@ -990,6 +1027,24 @@ class ParkFile:
                     os.unlink(os.path.basename(name), dir_fd=dir_fd)
                 except OSError:
                     pass
+
+    def _remove_stale_temporaries(self, dir_fd: int, own: str) -> None:
+        """Temporary files of compactions killed half-way (an hour old, ours, regular): removed."""
+        prefix, now = f".{self.path.name}.", time.time()
+        try:
+            names = os.listdir(dir_fd)
+        except OSError:
+            return
+        for entry in names:
+            if entry == own or not (entry.startswith(prefix) and entry.endswith(".tmp")):
+                continue
+            try:
+                info = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
+                if (stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
+                        and now - info.st_mtime > _STALE_TEMPORARY):
+                    os.unlink(entry, dir_fd=dir_fd)
+            except OSError:
+                continue
 
     def _write_folded(self, fd: int, fold: Fold, claims: dict[Owner, list[str]]) -> int:
         offset = 0

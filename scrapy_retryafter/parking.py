@@ -409,7 +409,10 @@ class Parking:
                 if raw.get(key) is not None:
                     _spider_method(spider, raw[key], key)
             try:
-                request = request_from_dict(decode_value(raw), spider=spider)
+                raw = decode_value(raw)
+                if isinstance(raw.get("meta"), dict):
+                    raw["meta"] = {k: v for k, v in raw["meta"].items() if k not in _TRANSIENT_META and k != PARK_ID}
+                request = request_from_dict(raw, spider=spider)
                 # Seen once already (and remembered by a resumed JOBDIR's dupefilter).
                 request = request.replace(dont_filter=True)
             except Exception as error:  # noqa: BLE001 - a hostile record must not stop the crawl

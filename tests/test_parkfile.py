@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import errno
 import json
 import os
@@ -488,3 +489,87 @@ def test_the_command_runs_as_a_module_and_reports_a_missing_file(tmp_path):
         capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 1 and "no park file" in done.stderr
+
+
+# -- many writers, some killed mid-way -------------------------------------------------------
+
+_WRITER = r'''
+import json, random, sys, time
+from scrapy_retryafter.parkfile import ParkFile, ParkRecord
+
+path, seed, seconds, out = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+rng = random.Random(seed)
+log = open(out, "a")
+
+
+def note(kind, ids):
+    log.write(json.dumps({kind: ids}) + "\n")
+    log.flush()
+
+
+lot = ParkFile(path)
+ends = time.monotonic() + seconds
+n = 0
+while time.monotonic() < ends:
+    roll = rng.random()
+    if roll < 0.45:
+        batch = [ParkRecord(url=f"http://127.0.0.1/{seed}/{n + i}", slot="s", reason="over_cap", attempts=1,
+                            not_before=time.time(), request={"url": f"http://127.0.0.1/{seed}/{n + i}", "body": "x" * rng.randrange(2000)})
+                 for i in range(rng.randrange(1, 20))]
+        n += len(batch)
+        lot.add_many(batch)
+        note("added", [r.id for r in batch])
+    elif roll < 0.8:
+        taken = [r.id for r in lot.claim(lambda entry: rng.random() < 0.5).records]
+        note("claimed", taken)  # written before they are marked done: a kill after it may have done them
+        lot.done(taken)
+    else:
+        lot.compact()
+'''
+
+
+def _noted(path) -> dict[str, list[str]]:
+    noted: dict[str, list[str]] = {"added": [], "claimed": []}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.endswith("}"):
+                for kind, ids in json.loads(line).items():
+                    noted[kind] += ids
+    return noted
+
+
+def test_concurrent_writers_and_writers_killed_mid_way_lose_nothing_and_share_no_claim(tmp_path):
+    import random
+    import signal
+
+    path = tmp_path / "parked.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(os.path.dirname(os.path.dirname(__file__))), os.environ.get("PYTHONPATH", "")])}
+    survivors = [
+        subprocess.Popen([sys.executable, "-c", _WRITER, str(path), str(seed), "4", str(tmp_path / f"{seed}.log")], env=env)
+        for seed in range(4)
+    ]
+    rng = random.Random(7)
+    killed = 0
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:
+        victim = subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(path), str(100 + killed), "30", str(tmp_path / f"killed-{killed}.log")], env=env
+        )
+        time.sleep(0.6 + rng.random() * 0.5)  # start-up, then some work
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        killed += 1
+    assert [p.wait(60) for p in survivors] == [0, 0, 0, 0]
+    lived = [_noted(tmp_path / f"{seed}.log") for seed in range(4)]
+    died = [_noted(tmp_path / f"killed-{k}.log") for k in range(killed)]
+    claimed = collections.Counter(i for log in lived for i in log["claimed"])
+    assert claimed and max(claimed.values()) == 1  # no record taken by two live processes
+    with ParkFile(path) as lot:
+        lot.compact()
+        fold = lot.read()
+    handled = {i for log in lived + died for i in log["claimed"]}
+    added = {i for log in lived for i in log["added"]}
+    assert not {i for log in lived for i in log["claimed"]} & set(fold.records)
+    assert added - handled <= set(fold.records)  # every record not handled is still there
+    print(f"{killed} writers killed; {len(added)} records added by the others, {len(handled)} handled, "
+          f"{len(fold.records)} left, {len(fold.bad)} lines set aside")
