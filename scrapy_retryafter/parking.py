@@ -37,6 +37,7 @@ from scrapy.exceptions import DontCloseSpider, IgnoreRequest
 from scrapy.utils.project import data_path
 from scrapy.utils.request import request_from_dict
 
+from . import parkfile as parkfile_module
 from .failures import NOT_BEFORE, PREVIOUS_WAIT, STARTED
 from .parkfile import (
     MAX_LINE,
@@ -74,6 +75,8 @@ _TRANSIENT_META = (
 )
 _FLUSH_INTERVAL = 5.0
 _LOAD_BATCH = 200
+_WARNINGS = 20
+"""Set-aside lines named one WARNING each; past these, one line counts the rest."""
 _COMPACT_AFTER = 10_000
 """Records marked done by this run since its last compaction that start one."""
 
@@ -110,6 +113,11 @@ class Parking:
         self.stats = crawler.stats
         self.held_at_close = held_at_close
         self.jobdir = crawler.settings.get("JOBDIR") or None
+        if parkfile_module.fcntl is None:
+            raise RetryAfterSettingError(
+                "RETRY_AFTER_PARKING: parking needs POSIX file locks (fcntl), which this platform lacks; "
+                "set RETRY_AFTER_PARKING = False"
+            )
         if config.park_file:
             probe = ParkFile(config.park_file)
             try:
@@ -134,6 +142,7 @@ class Parking:
         self._to_loop: Any = None
         self._loading = False
         self._closed = False
+        self._warned = 0
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self._spider_idle, signal=signals.spider_idle)
         crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
@@ -320,8 +329,16 @@ class Parking:
                 {"path": self.path, "error": error}, extra={"spider": self.crawler.spider},
             )
             return
-        for bad in claimed.bad:
+        for bad in claimed.bad[:_WARNINGS]:
             self._set_aside_warning(bad.id, bad.url, bad.why)
+        self._warned = min(len(claimed.bad), _WARNINGS)
+        if len(claimed.bad) > _WARNINGS:
+            self.stats.inc_value("retry_after/park_file_set_aside", len(claimed.bad) - _WARNINGS)
+            logger.warning(
+                "Park file %(path)s: %(count)d more unreadable line(s) set aside in %(torn)s",
+                {"path": self.path, "count": len(claimed.bad) - _WARNINGS, "torn": self.path.name + ".torn"},
+                extra={"spider": self.crawler.spider},
+            )
         self._schedule(claimed, 0, [], 0)
 
     def _schedule(self, claimed: Claimed, start: int, refused: list[Bad], loaded: int) -> None:
@@ -334,7 +351,11 @@ class Parking:
             try:
                 request = self._request(record)
             except ValueError as error:
-                self._set_aside_warning(record.id, record.url, str(error))
+                if self._warned < _WARNINGS:
+                    self._warned += 1
+                    self._set_aside_warning(record.id, record.url, str(error))
+                else:
+                    self.stats.inc_value("retry_after/park_file_set_aside")
                 refused.append(Bad(record.to_line().encode("ascii"), str(error), record.id, record.url))
                 continue
             if not self._tracking:

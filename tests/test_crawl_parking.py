@@ -393,3 +393,22 @@ async def test_symlinks_at_the_old_lock_and_temporary_names_are_never_followed(s
     assert crawler.spider.seen == [(host.url("/due"), 200)]
     assert _untouched(lock_victim) and _untouched(temporary_victim)
     assert not park_file.exists()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_file_of_garbage_gives_a_bounded_number_of_warnings_and_the_good_records(server, tmp_path, caplog):
+    host = server.add_host(HostConfig())
+    server.start()
+    park_file = tmp_path / "parked.jsonl"
+    with open(park_file, "w") as out:
+        for i in range(500):
+            out.write(f"garbage {i} \x1b[2J\n")
+    os.chmod(park_file, 0o600)
+    _hostile(park_file, id="good", url=host.url("/good"))
+    crawler = await crawl([], {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file)})
+    assert crawler.spider.seen == [(host.url("/good"), 200)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "Park file" in r.getMessage()]
+    assert len(warnings) == 21 and "480 more unreadable line(s)" in warnings[-1]
+    assert not any("\x1b" in w for w in warnings)
+    assert crawler.stats.get_value("retry_after/park_file_set_aside") == 500
+    assert len(park_file.with_name("parked.jsonl.torn").read_text().splitlines()) == 500
