@@ -401,6 +401,8 @@ class Fold:
         if not line.strip():
             return
         self.lines += 1
+        if not self.lines % 128:
+            time.sleep(0)  # let a waiting thread (the reactor) have the GIL now, not at the next switch
         try:
             raw = json.loads(line.decode("ascii"))
         except (ValueError, RecursionError):
@@ -450,6 +452,15 @@ class Fold:
             for record_id in ids:
                 if self.claims.get(record_id) == owner:
                     del self.claims[record_id]
+
+    def empty(self) -> None:
+        """Free the fold piecewise: dropping 100,000 entries in one call would hold the GIL for tens of ms."""
+        for table in (self.records, self.claims):
+            while table:
+                for _ in range(min(512, len(table))):
+                    table.popitem()
+                time.sleep(0)
+        self.bad = []
 
     def free(self, alive: Callable[[Owner], bool] = owner_alive) -> Iterator[str]:
         """Ids of records no live owner holds, in file order."""
@@ -916,6 +927,7 @@ class ParkFile:
                     return Claimed(chosen, later, bad)
                 finally:
                     os.close(fd)
+                    fold.empty()
         finally:
             os.close(dir_fd)
 
@@ -971,7 +983,14 @@ class ParkFile:
             os.close(snapshot)
 
     def _compact_from(self, dir_fd: int, fd: int, release_own: bool) -> int:
-        fold, offset = Fold(), 0
+        fold = Fold()
+        try:
+            return self._compact_fold(dir_fd, fd, release_own, fold)
+        finally:
+            fold.empty()
+
+    def _compact_fold(self, dir_fd: int, fd: int, release_own: bool, fold: Fold) -> int:
+        offset = 0
         before = _identity(os.fstat(fd))
         for line, offset, kind in _lines(fd, 0, complete=False, end=_committed(fd)):
             _apply_line(fold, line, kind)
@@ -1053,6 +1072,8 @@ class ParkFile:
         for entry in fold.records.values():
             batch.append(entry.line)
             batched += len(entry.line)
+            if not len(batch) % 512:
+                time.sleep(0)
             if batched >= _CHUNK:
                 data = b"".join(batch)
                 self._write_all(fd, data, offset)

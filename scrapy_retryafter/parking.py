@@ -345,6 +345,7 @@ class Parking:
         """Rebuild and schedule the claimed requests, a batch per loop turn (the reactor stays free)."""
         now = time.time()
         batch = claimed.records[start:start + _LOAD_BATCH]
+        claimed.records[start:start + len(batch)] = [None] * len(batch)  # type: ignore[list-item]  # freed batch by batch
         for record in batch:
             if self._closed:
                 break
