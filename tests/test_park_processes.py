@@ -153,7 +153,7 @@ async def test_a_killed_process_claims_come_back_to_the_next_one_and_not_while_i
             for url in urls
         ])
 
-    holder = start_crawl(project, tmp_path / "holder.log", [])
+    holder = start_crawl(project, tmp_path / "holder.log", [], CONCURRENT_REQUESTS_PER_DOMAIN=8)
     deadline = time.monotonic() + 40
     while len(server.arrivals(slow)) < 3:  # it claimed all three and is fetching them
         assert holder.poll() is None and time.monotonic() < deadline, (tmp_path / "holder.log").read_text()
