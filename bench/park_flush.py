@@ -36,7 +36,7 @@ def make_file(path: Path, count: int) -> list[str]:
     now = time.time()
     records = []
     for i in range(count):
-        request = {
+        request: dict[str, Any] = {
             "url": f"http://127.0.0.{2 + i % 50}:8080/item/{i}?page={i % 97}",
             "callback": "parse", "errback": None, "method": "GET",
             "headers": {"Cookie": [b"session=0123456789abcdef"], "Referer": [f"http://127.0.0.2/list/{i // 50}".encode()]},
