@@ -584,6 +584,14 @@ def _request_class(path: str) -> type[Request]:
 
 
 def _spider_method(spider: Any, name: str, key: str) -> None:
-    method = getattr(type(spider), name, None)
-    if not inspect.isfunction(method):
+    """A callback must be a method the spider's own classes define (or Spider.parse).
+
+    Scrapy's Spider methods (``_set_crawler``, ``start``, ``close`` ...) are
+    no callbacks: a record naming one would call it with a response.
+    """
+    from scrapy import Spider
+
+    owner = next((cls for cls in type(spider).__mro__ if name in vars(cls)), None)
+    method = vars(owner).get(name) if owner is not None else None
+    if not inspect.isfunction(method) or (owner in (Spider, object) and name != "parse"):
         raise ValueError(f"{key} {name!r} is not a method of the spider; refused")

@@ -323,19 +323,24 @@ async def test_hostile_records_are_set_aside_with_a_warning_and_never_run(server
     _hostile(park_file, id="zen", url=host.url("/zen"), request={"url": host.url("/zen"), "_class": "this.s"})
     _hostile(park_file, id="notreq", url=host.url("/dict"), request={"url": host.url("/dict"), "_class": "collections.OrderedDict"})
     _hostile(park_file, id="attr", url=host.url("/attr"), request={"url": host.url("/attr"), "callback": "crawler"})
+    _hostile(park_file, id="base", url=host.url("/base"), request={"url": host.url("/base"), "callback": "_set_crawler"})
+    _hostile(park_file, id="static", url=host.url("/static"), request={"url": host.url("/static"), "errback": "close"})
+    form = host.url("/form")
+    _hostile(park_file, id="form", url=form, request={"url": form, "_class": "scrapy.http.request.form.FormRequest",
+                                                      "callback": "parse", "errback": "failed", "method": "POST"})
     _hostile(park_file, id="year1", url=host.url("/year1"), not_before="0001-01-01T00:00:00Z")
     _hostile(park_file, id="body", url=host.url("/body"), request={"url": host.url("/body"), "body": {"$b64": "!!"}})
 
     crawler = await crawl([], {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file)})
-    assert crawler.spider.seen == [(good, 200)]
-    assert [a.path for a in server.arrivals(host)] == ["/good"]
+    assert sorted(crawler.spider.seen) == [(form, 200), (good, 200)]  # a FormRequest subclass is a Request
+    assert sorted(a.path for a in server.arrivals(host)) == ["/form", "/good"]
     assert "Beautiful is better than ugly" not in capsys.readouterr().out
     assert "this" not in sys.modules  # refused before any import
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "set aside" in r.getMessage()]
-    for record_id in ("file", "data", "inner", "zen", "notreq", "attr", "year1", "body"):
+    for record_id in ("file", "data", "inner", "zen", "notreq", "attr", "base", "static", "year1", "body"):
         assert sum(f"record {record_id} " in w for w in warnings) == 1, (record_id, warnings)
     torn = [json.loads(line)["id"] for line in park_file.with_name("parked.jsonl.torn").read_text().splitlines()]
-    assert sorted(torn) == sorted(["file", "data", "inner", "zen", "notreq", "attr", "year1", "body"])
+    assert sorted(torn) == sorted(["file", "data", "inner", "zen", "notreq", "attr", "base", "static", "year1", "body"])
     assert not park_file.exists()
 
 
