@@ -777,6 +777,9 @@ class ParkFile:
                     self._fsync(fd)
                 except OSError as error:
                     self._cut_back(fd, size)
+                    if size == 0:
+                        with contextlib.suppress(OSError):
+                            os.unlink(self.path.name, dir_fd=dir_fd)  # created for this write: nothing left behind
                     raise ParkFileError(error.errno or errno.EIO, f"could not write the park file {self.path}: "
                                         f"{error.strerror or error}") from error
             finally:
@@ -1020,9 +1023,10 @@ class ParkFile:
                 tail = Fold()
                 copied = b""
                 for line, _, kind in _lines(locked, offset, complete=True):
-                    if kind == LINE:
-                        copied += line
+                    set_aside = len(tail.bad)
                     _apply_line(tail, line, kind)
+                    if kind == LINE and len(tail.bad) == set_aside:
+                        copied += line
                 if tail.bad:
                     self._keep_aside(tail.bad)
                 self._remove_stale_temporaries(dir_fd, os.path.basename(name))
