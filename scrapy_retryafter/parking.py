@@ -470,7 +470,7 @@ class Parking:
         if not self._done or self._flushing is not None or self.file is None:
             return
         done, self._done = self._done, set()
-        self._flushing = self._in_worker(self._mark_done, self._flushed, done)
+        self._flushing = self._in_worker(self._mark_done, functools.partial(self._flushed, done), done)
 
     def _mark_done(self, done: set[str]) -> None:
         assert self.file is not None
@@ -478,9 +478,10 @@ class Parking:
         if self.file.tombstones >= _COMPACT_AFTER:
             self.file.compact()
 
-    def _flushed(self, result: Any, error: BaseException | None, done: set[str] | None = None) -> None:
+    def _flushed(self, done: set[str], result: Any, error: BaseException | None) -> None:
         self._flushing = None
         if error is not None:
+            self._done |= done  # tried again at the next flush, and at close
             self._worker_failed(None, error)
 
     def _worker_failed(self, result: Any, error: BaseException | None) -> None:
@@ -491,7 +492,9 @@ class Parking:
                 {"path": self.path, "error": error}, extra={"spider": self.crawler.spider},
             )
 
-    async def _spider_closed(self, **kwargs: Any) -> None:
+    def _spider_closed(self, **kwargs: Any) -> Any:
+        """Park what is held now (other close handlers run right after, expecting it done);
+        the file's last work runs in the worker, and the returned coroutine waits for it."""
         self._closed = True
         if self._flusher is not None and self._flusher.running:
             self._flusher.stop()
@@ -500,13 +503,16 @@ class Parking:
         self._pending.clear()
         self._park_held()
         if self.file is None or self._worker is None:
-            return
+            return None
         if self.jobdir:
             # Loaded requests still queued are saved with the job and come back on resume.
             self._done.update(key for key, live in self._live.items() if live > 0 and key not in self._reparked)
         done, self._done = self._done, set()
         future = self._worker.submit(self._close_file, done, set(self._reparked))
         self._worker.shutdown(wait=False)
+        return self._closing(future)
+
+    async def _closing(self, future: concurrent.futures.Future[Any]) -> None:
         try:
             await _finished(future, self._to_loop)
         except Exception as error:  # noqa: BLE001 - logged; the crawl closes anyway
