@@ -401,7 +401,7 @@ class Fold:
         if not line.strip():
             return
         self.lines += 1
-        if not self.lines % 128:
+        if not self.lines % 32:
             time.sleep(0)  # let a waiting thread (the reactor) have the GIL now, not at the next switch
         try:
             raw = json.loads(line.decode("ascii"))
@@ -824,8 +824,9 @@ class ParkFile:
 
     def done(self, ids: Iterable[str]) -> None:
         """The records are handled: gone for every process (compacted away later)."""
-        ids = [i for i in ids if _ID.match(i)]
-        self._append(self._changes("done", ids), create=False)
+        with _no_gc_pauses():
+            ids = [i for i in ids if _ID.match(i)]
+            self._append(self._changes("done", ids), create=False)
         self._tombstones += len(ids)
 
     def release(self, ids: Iterable[str]) -> None:
@@ -907,7 +908,9 @@ class ParkFile:
                     chosen: list[ParkRecord] = []
                     later = 0
                     bad = list(fold.bad)
-                    for record_id in list(fold.free()):
+                    for count, record_id in enumerate(list(fold.free())):
+                        if not count % 32:
+                            time.sleep(0)
                         entry = fold.records[record_id]
                         verdict = take(entry)
                         if verdict is None:
@@ -1076,7 +1079,7 @@ class ParkFile:
         for entry in fold.records.values():
             batch.append(entry.line)
             batched += len(entry.line)
-            if not len(batch) % 512:
+            if not len(batch) % 256:
                 time.sleep(0)
             if batched >= _CHUNK:
                 data = b"".join(batch)
