@@ -1,12 +1,33 @@
-"""``python -m scrapy_retryafter parked FILE [--clear]``: what a park file holds."""
+"""``python -m scrapy_retryafter parked FILE [--clear]``: what a park file holds.
+
+Everything printed from the file is escaped: a slot or reason may hold
+terminal escape sequences written by whoever could write the file.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import unicodedata
 from collections.abc import Sequence
+from pathlib import Path
 
-from .parkfile import ParkFile, ParkFileLocked, iso, read_records, summarize
+from .parkfile import ParkFile, iso, read_log, summarize
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """``text`` with control and other non-printing characters escaped, cut to ``limit``."""
+    out = []
+    for char in text[:limit]:
+        if char == "\\":
+            out.append("\\\\")
+        elif unicodedata.category(char)[0] in ("C", "Z") and char != " ":
+            out.append(char.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(char)
+    if len(text) > limit:
+        out.append("...")
+    return "".join(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -14,36 +35,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     parked = commands.add_parser("parked", help="requests parked for a later run, per slot")
     parked.add_argument("file", help="the park file (RETRY_AFTER_PARK_FILE)")
-    parked.add_argument("--clear", action="store_true", help="empty the file (asks for its lock)")
+    parked.add_argument("--clear", action="store_true", help="remove every parked request (and the file)")
     args = parser.parse_args(argv)
+    path = Path(args.file)
+    shown = printable(str(path), 1000)
 
     if args.clear:
+        handle = ParkFile(path)
         try:
-            with ParkFile(args.file) as lot:
-                cleared = lot.clear()
-        except ParkFileLocked as error:
-            print(f"error: {error}", file=sys.stderr)
+            handle.check()
+            cleared = handle.clear()
+        except OSError as error:
+            print(f"error: {printable(str(error), 1000)}", file=sys.stderr)
             return 1
-        print(f"cleared {cleared} parked request(s) from {args.file}")
+        finally:
+            handle.close()
+        print(f"cleared {cleared} parked request(s) from {shown}")
         return 0
 
-    from pathlib import Path
-
-    path = Path(args.file)
-    if not path.exists():
-        print(f"error: no park file at {path}", file=sys.stderr)
+    try:
+        if not path.exists() and not path.is_symlink():
+            print(f"error: no park file at {shown}", file=sys.stderr)
+            return 1
+        fold = read_log(path)
+    except OSError as error:
+        print(f"error: {printable(str(error), 1000)}", file=sys.stderr)
         return 1
-    records, bad = read_records(path)
-    rows = list(summarize(records.values()))
-    print(f"{len(records)} parked request(s) in {path}")
+    rows = list(summarize(fold.records.values()))
+    print(f"{len(fold.records)} parked request(s) in {shown}, {len(fold.claims)} claimed by a running crawl")
     if rows:
-        width = max(len("slot"), *(len(slot) for slot, *_ in rows))
+        cells = [(printable(slot, 100), count, iso(earliest),
+                  ", ".join(f"{printable(reason, 64)} {n}" for reason, n in sorted(reasons.items())))
+                 for slot, count, reasons, earliest in rows]
+        width = max(len("slot"), *(len(slot) for slot, *_ in cells))
         print(f"{'slot':<{width}}  {'count':>5}  {'earliest not_before':<24}  reasons")
-        for slot, count, reasons, earliest in rows:
-            why = ", ".join(f"{reason} {n}" for reason, n in sorted(reasons.items()))
-            print(f"{slot:<{width}}  {count:>5}  {iso(earliest):<24}  {why}")
-    if bad:
-        print(f"{len(bad)} unreadable line(s) (a torn write); a run moves them to {path.name}.torn")
+        for slot, count, earliest, why in cells:
+            print(f"{slot:<{width}}  {count:>5}  {earliest:<24}  {why}")
+    if fold.bad:
+        print(f"{len(fold.bad)} line(s) a run sets aside in {printable(path.name, 200)}.torn (torn or malformed):")
+        for bad in fold.bad[:20]:
+            print(f"  {printable(bad.why, 200)}")
     return 0
 
 

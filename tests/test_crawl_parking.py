@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import os
 import stat
 import time
@@ -13,14 +14,17 @@ import pytest
 import pytest_twisted
 from scrapy import Request
 
-from scrapy_retryafter.parkfile import ParkFile, ParkFileLocked, iso
+from scrapy_retryafter.parkfile import ParkFile, iso
 from scrapy_retryafter.testing.server import HostConfig
 
 from .conftest import ADDON, ListSpider, crawl
 
 
 def _records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The file's record lines (a file with nothing left in it is removed)."""
+    if not path.exists():
+        return []
+    return [r for r in (json.loads(line) for line in path.read_text().splitlines() if line.strip()) if "url" in r]
 
 
 def _when(record: dict) -> float:
@@ -142,15 +146,6 @@ async def test_parking_off_gives_scrapys_usual_give_up(server, tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_park_file_in_use_stops_the_second_run_at_start(server, tmp_path):
-    server.start()
-    park_file = tmp_path / "parked.jsonl"
-    with ParkFile(park_file):
-        with pytest.raises(ParkFileLocked, match="in use by another run"):
-            await crawl([], {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file)})
-
-
-@pytest_twisted.ensureDeferred
 async def test_jobdir_keeps_the_park_file_inside_the_job(server, tmp_path):
     host = server.add_host(HostConfig(reject_first=10**6, penalty=0.01, retry_after="3600"))
     server.start()
@@ -191,3 +186,234 @@ async def test_stopping_during_a_cooldown_parks_what_was_held_in_either_mode(ser
     assert host.url("/0") in held and {r["reason"] for r in records} == {"held_at_close"}
     assert crawler.spider.failures == []
     assert all(_when(r) > time.time() + 30 for r in records)
+
+
+# -- many crawlers in one process, lifetime ----------------------------------------------------
+
+
+class OtherSpider(ListSpider):
+    name = "other"
+
+
+class FailingPipeline:
+    @classmethod
+    def from_crawler(cls, crawler):
+        raise RuntimeError("this crawl fails while it opens")
+
+
+@pytest_twisted.ensureDeferred
+async def test_crawlers_built_before_their_spider_and_one_that_failed_to_open_share_nothing(server, tmp_path, monkeypatch):
+    from scrapy.utils.test import get_crawler
+
+    from .conftest import BASE_SETTINGS
+
+    capped = server.add_host(HostConfig(reject_first=10**6, penalty=0.01, retry_after="3600"))
+    server.start()
+    monkeypatch.chdir(tmp_path)  # the default park file is under ./.scrapy
+    settings = {**BASE_SETTINGS, **ADDON}
+    first, second, other = get_crawler(ListSpider, settings), get_crawler(ListSpider, settings), get_crawler(OtherSpider, settings)
+    broken = get_crawler(ListSpider, {**settings, "ITEM_PIPELINES": {FailingPipeline: 100}})
+    with pytest.raises(RuntimeError, match="fails while it opens"):
+        await broken.crawl(requests=[Request(capped.url("/never"))])
+    assert os.listdir(tmp_path) == []  # built, and one crawl failed: nothing on disk
+
+    await second.crawl(requests=[Request(capped.url(f"/{i}")) for i in range(3)])
+    park_file = tmp_path / ".scrapy" / "retry_after" / "list.parked.jsonl"
+    assert sorted(r["url"] for r in _records(park_file)) == [capped.url(f"/{i}") for i in range(3)]
+    assert {r["spider"] for r in _records(park_file)} == {"list"}
+
+    capped.config.reject_first = 0
+    await other.crawl(requests=[])
+    assert other.spider.seen == []  # another spider's parked requests are not its own
+    past = iso(time.time() - 1)
+    park_file.write_text("".join(json.dumps({**r, "not_before": past}) + "\n" for r in _records(park_file)))
+    await first.crawl(requests=[])
+    assert sorted(url for url, _ in first.spider.seen) == [capped.url(f"/{i}") for i in range(3)]
+    assert not park_file.exists()
+    assert sorted(os.listdir(tmp_path / ".scrapy" / "retry_after")) == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_park_path_that_is_a_directory_fails_at_start_naming_the_setting(server, tmp_path):
+    from scrapy_retryafter.settings import RetryAfterSettingError
+
+    server.start()
+    with pytest.raises(RetryAfterSettingError, match=r"RETRY_AFTER_PARK_FILE: .* is a directory"):
+        await crawl([], {**ADDON, "RETRY_AFTER_PARK_FILE": str(tmp_path)})
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_spider_without_a_name_parks_nothing_and_its_requests_reach_the_errback(server, tmp_path, caplog):
+    capped = server.add_host(HostConfig(reject_first=10**6, penalty=0.01, retry_after="3600"))
+    server.start()
+
+    class Nameless(ListSpider):
+        name = "nameless"
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.name = ""
+
+    crawler = await crawl([Request(capped.url("/a"))], {**ADDON}, spider_cls=Nameless)
+    assert [f.request.url for f in crawler.spider.failures] == [capped.url("/a")]
+    assert any(r.levelname == "ERROR" and "the spider has no name" in r.getMessage() for r in caplog.records)
+
+
+# -- a full disk -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mount)], capture_output=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=False)
+
+
+@pytest_twisted.ensureDeferred
+async def test_on_a_full_disk_every_request_is_parked_whole_or_reaches_the_errback(server, small_disk):
+    from scrapy_retryafter.parkfile import read_log
+
+    capped = server.add_host(HostConfig(reject_first=10**6, penalty=0.01, retry_after="3600"))
+    server.start()
+    park_file = small_disk / "parked.jsonl"
+    requests = [Request(capped.url(f"/{i}"), method="PUT", body=b"x" * 3000) for i in range(8)]
+    # RETRY_ENABLED off: until the give-up path catches the OSError from park(), Scrapy's
+    # RetryMiddleware retries it as an IOError (with its backoffs, about 90 s here).
+    settings = {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file), "CONCURRENT_REQUESTS_PER_DOMAIN": 1, "RETRY_ENABLED": False}
+    crawler = await crawl(requests, settings)
+    fold = read_log(park_file)
+    parked = sorted(entry.url for entry in fold.records.values())
+    failed = sorted(f.request.url for f in crawler.spider.failures)
+    assert fold.bad == [] and parked and failed
+    assert sorted(parked + failed) == sorted(r.url for r in requests)
+    assert all(entry.record().request["body"] for entry in fold.records.values())
+    assert os.listdir(small_disk) == ["parked.jsonl"]
+
+
+# -- hostile records ---------------------------------------------------------------------------
+
+
+def _hostile(park_file: Path, **fields) -> None:
+    record = {"id": fields.pop("id"), "spider": "list", "url": "http://127.0.0.1:1/", "slot": "127.0.0.1", "reason": "over_cap",
+              "detail": "", "attempts": 1, "not_before": iso(time.time() - 1), "request": None, **fields}
+    with open(park_file, "a") as out:
+        out.write(json.dumps(record) + "\n")
+    os.chmod(park_file, 0o600)
+
+
+@pytest_twisted.ensureDeferred
+async def test_hostile_records_are_set_aside_with_a_warning_and_never_run(server, tmp_path, caplog, capsys):
+    host = server.add_host(HostConfig())
+    server.start()
+    assert "this" not in sys.modules
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the local file's contents")
+    park_file = tmp_path / "parked.jsonl"
+    good = host.url("/good")
+    _hostile(park_file, id="good", url=good, request={"url": good, "callback": "parse", "method": "GET"})
+    _hostile(park_file, id="file", url=secret.as_uri())
+    _hostile(park_file, id="data", url="data:text/plain,the data URL's contents")
+    _hostile(park_file, id="inner", url=host.url("/x"), request={"url": secret.as_uri()})
+    _hostile(park_file, id="zen", url=host.url("/zen"), request={"url": host.url("/zen"), "_class": "this.s"})
+    _hostile(park_file, id="notreq", url=host.url("/dict"), request={"url": host.url("/dict"), "_class": "collections.OrderedDict"})
+    _hostile(park_file, id="attr", url=host.url("/attr"), request={"url": host.url("/attr"), "callback": "crawler"})
+    _hostile(park_file, id="base", url=host.url("/base"), request={"url": host.url("/base"), "callback": "_set_crawler"})
+    _hostile(park_file, id="static", url=host.url("/static"), request={"url": host.url("/static"), "errback": "close"})
+    form = host.url("/form")
+    _hostile(park_file, id="form", url=form, request={"url": form, "_class": "scrapy.http.request.form.FormRequest",
+                                                      "callback": "parse", "errback": "failed", "method": "POST"})
+    _hostile(park_file, id="year1", url=host.url("/year1"), not_before="0001-01-01T00:00:00Z")
+    _hostile(park_file, id="body", url=host.url("/body"), request={"url": host.url("/body"), "body": {"$b64": "!!"}})
+
+    crawler = await crawl([], {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file)})
+    assert sorted(crawler.spider.seen) == [(form, 200), (good, 200)]  # a FormRequest subclass is a Request
+    assert sorted(a.path for a in server.arrivals(host)) == ["/form", "/good"]
+    assert "Beautiful is better than ugly" not in capsys.readouterr().out
+    assert "this" not in sys.modules  # refused before any import
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "set aside" in r.getMessage()]
+    for record_id in ("file", "data", "inner", "zen", "notreq", "attr", "base", "static", "year1", "body"):
+        assert sum(f"record {record_id} " in w for w in warnings) == 1, (record_id, warnings)
+    torn = [json.loads(line)["id"] for line in park_file.with_name("parked.jsonl.torn").read_text().splitlines()]
+    assert sorted(torn) == sorted(["file", "data", "inner", "zen", "notreq", "attr", "base", "static", "year1", "body"])
+    assert not park_file.exists()
+
+
+
+# -- symlinks planted where the park file, its old lock or a temporary file go -----------------
+
+
+def _victim(path: Path) -> Path:
+    path.write_text("precious\n")
+    os.chmod(path, 0o644)
+    return path
+
+
+def _untouched(path: Path) -> bool:
+    return path.read_text() == "precious\n" and stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_symlinked_park_file_is_refused_saying_why_and_its_target_untouched(server, tmp_path, caplog):
+    capped = server.add_host(HostConfig(reject_first=10**6, penalty=0.01, retry_after="3600"))
+    server.start()
+    victim = _victim(tmp_path / "victim")
+    park_file = tmp_path / "parked.jsonl"
+    park_file.symlink_to(victim)
+    # A default path (here JOBDIR's) is checked when the spider opens; parks then reach the errback.
+    settings = {**ADDON, "RETRY_AFTER_PARK_FILE": None, "JOBDIR": str(tmp_path / "job"), "RETRY_ENABLED": False}
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "retry_after.parked.jsonl").symlink_to(victim)
+    crawler = await crawl([Request(capped.url("/a"))], settings)
+    assert _untouched(victim)
+    assert [f.request.url for f in crawler.spider.failures] == [capped.url("/a")]
+    assert any(r.levelname == "ERROR" and "is a symlink; refusing to follow it" in r.getMessage() for r in caplog.records)
+    from scrapy_retryafter.settings import RetryAfterSettingError
+
+    with pytest.raises(RetryAfterSettingError, match="is a symlink; refusing to follow it"):
+        await crawl([], {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file)})
+    assert _untouched(victim)
+
+
+@pytest_twisted.ensureDeferred
+async def test_symlinks_at_the_old_lock_and_temporary_names_are_never_followed(server, tmp_path):
+    host = server.add_host(HostConfig())
+    server.start()
+    park_file = tmp_path / "parked.jsonl"
+    with ParkFile(park_file) as lot:
+        from scrapy_retryafter.parkfile import ParkRecord
+
+        lot.add(ParkRecord(url=host.url("/due"), slot=host.address, reason="over_cap", attempts=1,
+                           not_before=time.time() - 1, request=None, spider="list"))
+    lock_victim, temporary_victim = _victim(tmp_path / "lock-victim"), _victim(tmp_path / "tmp-victim")
+    (tmp_path / "parked.jsonl.lock").unlink(missing_ok=True)
+    (tmp_path / "parked.jsonl.lock").symlink_to(lock_victim)
+    (tmp_path / f".parked.jsonl.{os.getpid()}.tmp").symlink_to(temporary_victim)
+    crawler = await crawl([], {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file)})
+    assert crawler.spider.seen == [(host.url("/due"), 200)]
+    assert _untouched(lock_victim) and _untouched(temporary_victim)
+    assert not park_file.exists()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_file_of_garbage_gives_a_bounded_number_of_warnings_and_the_good_records(server, tmp_path, caplog):
+    host = server.add_host(HostConfig())
+    server.start()
+    park_file = tmp_path / "parked.jsonl"
+    with open(park_file, "w") as out:
+        for i in range(500):
+            out.write(f"garbage {i} \x1b[2J\n")
+    os.chmod(park_file, 0o600)
+    _hostile(park_file, id="good", url=host.url("/good"))
+    crawler = await crawl([], {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file)})
+    assert crawler.spider.seen == [(host.url("/good"), 200)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "Park file" in r.getMessage()]
+    assert len(warnings) == 21 and "480 more unreadable line(s)" in warnings[-1]
+    assert not any("\x1b" in w for w in warnings)
+    assert crawler.stats.get_value("retry_after/park_file_set_aside") == 500
+    assert len(park_file.with_name("parked.jsonl.torn").read_text().splitlines()) == 500

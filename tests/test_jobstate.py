@@ -105,3 +105,36 @@ async def test_a_crawl_stopped_during_a_cooldown_resumes_without_touching_the_co
     expected = {(host.address, f"/{i}") for i in range(6)} | {(free.address, f"/{i}") for i in range(20)}
     assert set(fetched) == expected and set(fetched.values()) == {1}
     assert resumed.stats.get_value("retry_after/parked") is None  # JOBDIR kept the held ones
+
+
+def test_a_symlink_at_the_old_temporary_name_is_never_followed_and_a_failed_save_leaves_nothing(tmp_path, monkeypatch):
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / f".{STATE_FILE}.tmp").symlink_to(victim)
+    save_board(_paused_board(), tmp_path, wall=0.0)
+    assert victim.read_text() == "precious"
+    assert load_board(CooldownBoard(clock=Clock()), tmp_path, wall=0.0) == 5
+    before = sorted(p.name for p in tmp_path.iterdir())
+
+    import os as os_module
+
+    def no_space(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os_module, "fsync", no_space)
+    import pytest
+
+    with pytest.raises(OSError):
+        save_board(_paused_board(), tmp_path, wall=0.0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no temporary file left behind
+
+
+def test_a_symlinked_or_oversized_state_file_restores_nothing(tmp_path, monkeypatch):
+    from scrapy_retryafter import jobstate
+
+    save_board(_paused_board(), tmp_path / "real", wall=0.0)
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / STATE_FILE).symlink_to(tmp_path / "real" / STATE_FILE)
+    assert load_board(CooldownBoard(clock=Clock()), tmp_path / "job") == -1
+    monkeypatch.setattr(jobstate, "MAX_STATE_BYTES", 10)
+    assert load_board(CooldownBoard(clock=Clock()), tmp_path / "real") == -1

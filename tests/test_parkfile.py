@@ -1,7 +1,10 @@
-"""The park file on its own: round trips, privacy, the lock, torn lines, the command."""
+"""The park file on its own: round trips, privacy, claims, durability, hostile files, the command."""
 
 from __future__ import annotations
 
+import collections
+import errno
+import json
 import os
 import stat
 import subprocess
@@ -9,19 +12,22 @@ import sys
 import time
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scrapy_retryafter import parkfile
 from scrapy_retryafter.__main__ import main
 from scrapy_retryafter.parkfile import (
+    Fold,
+    Owner,
     ParkFile,
-    ParkFileLocked,
+    ParkFileError,
     ParkRecord,
     decode_value,
     encode_value,
     iso,
     parse_iso,
-    read_records,
+    read_log,
 )
 
 _json_leaf = st.none() | st.booleans() | st.integers() | st.text() | st.binary() | st.floats(allow_nan=False)
@@ -56,53 +62,378 @@ def _record(url: str = "http://127.0.0.1/a", slot: str = "127.0.0.1", reason: st
     return ParkRecord(url=url, slot=slot, reason=reason, attempts=1, not_before=when or time.time(), request=None)
 
 
-def test_file_and_lock_are_private_and_records_survive_a_reopen(tmp_path):
+def _take_all(entry):
+    return True
+
+
+def _urls(fold: Fold) -> list[str]:
+    return sorted(entry.url for entry in fold.records.values())
+
+
+def test_the_file_is_private_made_only_when_written_and_records_survive_a_new_handle(tmp_path):
     path = tmp_path / "sub" / "parked.jsonl"
     with ParkFile(path) as lot:
+        lot.check()
+        assert lot.claim(_take_all).records == [] and lot.compact() == 0
+        lot.done(["x"])
+        assert not (tmp_path / "sub").exists()  # nothing parked: nothing on disk
         first, second = _record("http://127.0.0.1/1"), _record("http://127.0.0.1/2")
-        lot.add(first)
-        lot.add(second)
+        lot.add_many([first, second])
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-        assert stat.S_IMODE(os.stat(path.with_name("parked.jsonl.lock")).st_mode) == 0o600
-        assert lot.remove([first.id]) == 1
+        lot.done([first.id])
+        assert lot.compact() == 1
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600  # the rewrite too
         lot.add(_record("http://127.0.0.1/3"))
+    assert sorted(os.listdir(path.parent)) == ["parked.jsonl"]  # no lock file, no temporary file
     with ParkFile(path) as lot:
-        assert sorted(r.url for r in lot.records().values()) == ["http://127.0.0.1/2", "http://127.0.0.1/3"]
+        assert _urls(lot.read()) == ["http://127.0.0.1/2", "http://127.0.0.1/3"]
 
 
-def test_a_second_handle_is_refused_while_the_first_holds_the_lock(tmp_path):
+def test_a_later_record_with_the_same_id_replaces_the_earlier_and_frees_its_claim(tmp_path):
     path = tmp_path / "parked.jsonl"
-    with ParkFile(path):
-        with pytest.raises(ParkFileLocked, match=r"in use by another run.*RETRY_AFTER_PARK_FILE"):
-            ParkFile(path)
-    ParkFile(path).close()  # free again
-
-
-def test_a_later_record_with_the_same_id_replaces_the_earlier(tmp_path):
-    path = tmp_path / "parked.jsonl"
-    with ParkFile(path) as lot:
+    with ParkFile(path) as lot, ParkFile(path) as other:
         record = _record(reason="over_cap")
         lot.add(record)
+        assert [r.id for r in lot.claim(_take_all).records] == [record.id]
+        assert other.claim(_take_all).records == []
         record.reason = "held_at_close"
-        lot.add(record)
-        assert [r.reason for r in lot.records().values()] == ["held_at_close"]
+        lot.add(record)  # parked again: back in the pool
+        assert [r.reason for r in other.claim(_take_all).records] == ["held_at_close"]
 
 
-def test_a_torn_last_line_is_kept_aside_not_read_and_not_lost(tmp_path):
+def test_claims_are_exclusive_and_a_closed_handles_claims_come_back(tmp_path):
+    path = tmp_path / "parked.jsonl"
+    first, second = ParkFile(path), ParkFile(path)
+    first.add_many([_record(f"http://127.0.0.1/{i}") for i in range(5)])
+    taken = first.claim(lambda entry: entry.url.endswith(("/0", "/1", "/2")))
+    assert sorted(r.url[-1] for r in taken.records) == ["0", "1", "2"]
+    assert sorted(r.url[-1] for r in second.claim(_take_all).records) == ["3", "4"]
+    assert second.claim(_take_all).records == []
+    first.close()  # a handle gone without releasing (a crawl that died in this process)
+    assert sorted(r.url[-1] for r in second.claim(_take_all).records) == ["0", "1", "2"]
+    second.close()
+
+
+def test_a_released_claim_and_a_dead_process_claim_are_free_and_compaction_drops_dead_claims(tmp_path):
+    path = tmp_path / "parked.jsonl"
+    with ParkFile(path) as lot, ParkFile(path) as other:
+        records = [_record(f"http://127.0.0.1/{i}") for i in range(3)]
+        lot.add_many(records)
+        lot.claim(lambda entry: entry.url.endswith("/0"))
+        lot.release([records[0].id])
+        assert [r.url for r in other.claim(lambda entry: entry.url.endswith("/0")).records] == [records[0].url]
+        # A claim by a process that has exited (its pid and start time no longer match).
+        child = subprocess.Popen([sys.executable, "-c", "pass"])
+        start = parkfile._start_time(child.pid)
+        child.wait()
+        host, boot, ns, _, _ = parkfile.this_process()
+        dead = Owner(host, boot, ns, child.pid, start or 1, "n")
+        with open(path, "a") as out:
+            out.write(json.dumps({"claim": [records[1].id], "by": dead.to_raw()}) + "\n")
+        assert not parkfile.owner_alive(dead)
+        assert other.compact() == 3
+        text = path.read_text()
+        assert str(child.pid) not in text and lot.owner.nonce not in text  # dead and released claims gone
+        assert sorted(r.url for r in lot.claim(_take_all).records) == [records[1].url, records[2].url]
+
+
+def test_a_claim_from_another_boot_is_free_and_one_from_another_machine_is_kept():
+    host, boot, ns, pid, start = parkfile.this_process()
+    assert not parkfile.owner_alive(Owner(host, "another-boot", ns, pid, start, "n"))
+    assert parkfile.owner_alive(Owner("another-host", boot, ns, 1, 1, "n"))
+
+
+def test_a_torn_last_line_is_set_aside_at_compaction_and_the_next_append_stays_whole(tmp_path):
     path = tmp_path / "parked.jsonl"
     with ParkFile(path) as lot:
         lot.add(_record("http://127.0.0.1/whole"))
-    torn = '{"id":"x","url":"http://127.0.0.1/torn","not_be'
-    with open(path, "a") as out:
-        out.write(torn)
-    records, bad = read_records(path)
-    assert [r.url for r in records.values()] == ["http://127.0.0.1/whole"]
-    assert bad == [torn + "\n"]
-    with ParkFile(path) as lot:
-        assert [r.url for r in lot.records().values()] == ["http://127.0.0.1/whole"]
+        torn = '{"id":"x","url":"http://127.0.0.1/torn","not_be'
+        with open(path, "a") as out:
+            out.write(torn)
+        lot.add(_record("http://127.0.0.1/after"))  # starts on a line of its own
+        fold = lot.read()
+        assert _urls(fold) == ["http://127.0.0.1/after", "http://127.0.0.1/whole"]
+        assert [bad.line for bad in fold.bad] == [torn.encode() + b"\n"]
+        assert lot.compact() == 2
     assert path.with_name("parked.jsonl.torn").read_text() == torn + "\n"
-    assert read_records(path)[1] == []
+    assert read_log(path).bad == []
+
+
+def test_compaction_to_nothing_removes_the_file(tmp_path):
+    path = tmp_path / "parked.jsonl"
+    with ParkFile(path) as lot:
+        record = _record()
+        lot.add(record)
+        lot.done([record.id])
+        assert lot.compact() == 0
+    assert os.listdir(tmp_path) == []
+
+
+def test_lines_appended_during_a_compaction_are_kept(tmp_path, monkeypatch):
+    path = tmp_path / "parked.jsonl"
+    with ParkFile(path) as lot, ParkFile(path) as other:
+        lot.add_many([_record(f"http://127.0.0.1/{i}") for i in range(3)])
+        real_fsync = lot._fsync
+        late = _record("http://127.0.0.1/late")
+
+        def fsync_then_append(fd):
+            real_fsync(fd)
+            if not getattr(fsync_then_append, "done", False):
+                fsync_then_append.done = True
+                other.add(late)  # another process parks while the rewrite is built
+
+        lot._fsync = fsync_then_append
+        lot.compact()
+        assert late.url in _urls(lot.read()) and len(lot.read().records) == 4
+
+
+# -- durability -------------------------------------------------------------------------------
+
+
+def test_short_writes_are_looped(tmp_path):
+    calls = []
+
+    def one_byte(fd, data):
+        calls.append(len(data))
+        return os.write(fd, data[:7])
+
+    path = tmp_path / "parked.jsonl"
+    with ParkFile(path, write=one_byte) as lot:
+        lot.add_many([_record("http://127.0.0.1/1"), _record("http://127.0.0.1/2")])
+    assert len(calls) > 10
+    assert _urls(read_log(path)) == ["http://127.0.0.1/1", "http://127.0.0.1/2"]
+
+
+@pytest.mark.parametrize("failure", [errno.ENOSPC, errno.EIO])
+def test_a_failed_write_raises_and_leaves_no_part_of_the_record(tmp_path, failure):
+    path = tmp_path / "parked.jsonl"
+    state = {"written": 0}
+
+    def fails_half_way(fd, data):
+        if state["written"] > 40:
+            raise OSError(failure, os.strerror(failure))
+        state["written"] += 30
+        return os.write(fd, data[:30])
+
+    with ParkFile(path) as lot:
+        lot.add(_record("http://127.0.0.1/kept"))
+        size = path.stat().st_size
+    with ParkFile(path, write=fails_half_way) as lot:
+        with pytest.raises(ParkFileError, match="could not write the park file") as raised:
+            lot.add(_record("http://127.0.0.1/lost"))
+        assert isinstance(raised.value, OSError) and raised.value.errno == failure
+    assert path.stat().st_size == size
+    fold = read_log(path)
+    assert _urls(fold) == ["http://127.0.0.1/kept"] and fold.bad == []
+
+
+def test_a_failed_fsync_raises_and_a_failed_first_write_leaves_no_file(tmp_path):
+    def no_fsync(fd):
+        raise OSError(errno.EIO, "I/O error")
+
+    with ParkFile(tmp_path / "parked.jsonl", fsync=no_fsync) as lot:
+        with pytest.raises(ParkFileError):
+            lot.add(_record())
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_on_a_full_disk_every_record_is_whole_or_refused_and_compaction_leaves_no_temporary(small_disk):
+    path = small_disk / "parked.jsonl"
+    kept, refused = [], []
+    with ParkFile(path) as lot:
+        for i in range(200):
+            record = _record(f"http://127.0.0.1/{i}")
+            record.detail = "x" * 1500
+            try:
+                lot.add(record)
+                kept.append(record.url)
+            except ParkFileError as error:
+                assert error.errno == errno.ENOSPC
+                refused.append(record.url)
+        assert kept and refused
+        fold = lot.read()
+        assert sorted(kept) == _urls(fold) and fold.bad == []
+        # Compaction needs a second copy: on the full disk it fails and removes its temporary file.
+        with pytest.raises(OSError):
+            lot.compact()
+    assert sorted(os.listdir(small_disk)) == ["parked.jsonl"]
+    assert _urls(read_log(path)) == sorted(kept)
+
+
+# -- hostile files ----------------------------------------------------------------------------
+
+
+def test_a_symlinked_park_file_is_refused_and_its_target_untouched(tmp_path):
+    target = tmp_path / "victim"
+    target.write_text("precious\n")
+    os.chmod(target, 0o644)
+    path = tmp_path / "parked.jsonl"
+    path.symlink_to(target)
+    with ParkFile(path) as lot:
+        with pytest.raises(ParkFileError, match="is a symlink; refusing to follow it") as raised:
+            lot.check()
+        assert raised.value.errno == errno.ELOOP
+        for operation in (lambda: lot.add(_record()), lot.compact, lambda: lot.claim(_take_all)):
+            with pytest.raises(ParkFileError, match="symlink"):
+                operation()
+    assert target.read_text() == "precious\n" and stat.S_IMODE(target.stat().st_mode) == 0o644
+
+
+def test_a_symlinked_torn_file_is_refused(tmp_path):
+    target = tmp_path / "victim"
+    target.write_text("precious\n")
+    path = tmp_path / "parked.jsonl"
+    path.write_text("garbage\n")
+    os.chmod(path, 0o600)
+    path.with_name("parked.jsonl.torn").symlink_to(target)
+    with ParkFile(path) as lot, pytest.raises(ParkFileError, match="symlink"):
+        lot.compact()
+    assert target.read_text() == "precious\n"
+
+
+def test_a_symlink_planted_at_the_old_temporary_name_is_never_followed(tmp_path):
+    target = tmp_path / "victim"
+    target.write_text("precious\n")
+    path = tmp_path / "parked.jsonl"
+    with ParkFile(path) as lot:
+        lot.add_many([_record(f"http://127.0.0.1/{i}") for i in range(2)])
+        planted = tmp_path / f".parked.jsonl.{os.getpid()}.tmp"
+        planted.symlink_to(target)
+        lot.done([next(iter(lot.read().records))])
+        assert lot.compact() == 1
+    assert target.read_text() == "precious\n"
+    assert not path.is_symlink() and planted.is_symlink()
+
+
+def test_a_directory_a_fifo_a_foreign_or_hard_linked_file_is_refused(tmp_path):
+    directory = tmp_path / "dir.jsonl"
+    directory.mkdir()
+    with pytest.raises(ParkFileError, match="is a directory; RETRY_AFTER_PARK_FILE must name a file"):
+        ParkFile(directory).check()
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(ParkFileError, match="not a regular file"):
+        ParkFile(fifo).add(_record())
+    linked = tmp_path / "linked.jsonl"
+    (tmp_path / "elsewhere").write_text("")
+    os.link(tmp_path / "elsewhere", linked)
+    with pytest.raises(ParkFileError, match="hard links"):
+        ParkFile(linked).add(_record())
+    if os.geteuid() == 0:
+        foreign = tmp_path / "foreign.jsonl"
+        foreign.write_text(_record().to_line())
+        os.chown(foreign, 12345, 12345)
+        with pytest.raises(ParkFileError, match="belongs to another user"):
+            ParkFile(foreign).claim(_take_all)
+
+
+def _raw(**fields):
+    base = {"id": "r1", "url": "http://127.0.0.1/a", "slot": "s", "reason": "over_cap", "attempts": 1,
+            "not_before": iso(time.time()), "request": None}
+    base.update(fields)
+    return json.dumps(base) + "\n"
+
+
+@pytest.mark.parametrize(
+    "line, why",
+    [
+        (_raw(url="file:///etc/passwd"), "scheme 'file'"),
+        (_raw(url="data:text/plain,hello"), "scheme 'data'"),
+        (_raw(request={"url": "file:///etc/passwd"}), "request.url has scheme 'file'"),
+        (_raw(not_before="0001-01-01T00:00:00Z"), "outside 1970..9999"),
+        (_raw(not_before="tomorrow"), "Invalid isoformat"),
+        (_raw(not_before=12), "not an ISO 8601"),
+        (_raw(attempts=10**30), "attempts"),
+        (_raw(attempts="3"), "attempts"),
+        (_raw(id="../../etc"), "id is not"),
+        (_raw(slot=["x"]), "slot is not a string"),
+        (_raw(request={"url": "http://x/", "_class": "this.s"}), None),
+        (_raw(request={"url": "http://x/", "callback": "__init__"}), "request.callback"),
+        (_raw(request={"url": "http://x/", "method": "GET /x HTTP/1.1\r\nHost: y"}), "request.method"),
+        (_raw(request="x"), "request is not a mapping"),
+        ('{"done": "r1"}\n', "not a park-file line"),
+        ('{"claim": ["r1"], "by": {"pid": -1}}\n', "claim owner"),
+        ("[" * 100000 + "\n", "not a JSON line"),
+        ("\x1b]0;owned\x07\n", "not a JSON line"),
+    ],
+)
+def test_a_malformed_or_hostile_line_is_set_aside_never_a_crash(tmp_path, line, why):
+    path = tmp_path / "parked.jsonl"
+    path.write_text(_raw(id="good", url="http://127.0.0.1/good") + line)
+    os.chmod(path, 0o600)
+    with ParkFile(path) as lot:
+        claimed = lot.claim(_take_all)
+        if why is None:  # well-formed here; the Scrapy side refuses it (tests/test_crawl_parking.py)
+            assert len(claimed.records) == 2
+            return
+        assert [r.url for r in claimed.records] == ["http://127.0.0.1/good"]
+        assert len(claimed.bad) == 1 and why in claimed.bad[0].why
+        lot.compact()
+    assert path.with_name("parked.jsonl.torn").read_text() == line
+    assert read_log(path).bad == []
+
+
+def test_a_line_over_the_limit_is_set_aside_by_its_head(tmp_path, monkeypatch):
+    monkeypatch.setattr(parkfile, "MAX_LINE", 10_000)
+    monkeypatch.setattr(parkfile, "_CHUNK", 4096)
+    path = tmp_path / "parked.jsonl"
+    huge = '{"id":"big","url":"http://127.0.0.1/' + "a" * 50_000 + '"}\n'
+    path.write_text(_raw(id="good") + huge + _raw(id="after", url="http://127.0.0.1/after"))
+    os.chmod(path, 0o600)
+    with ParkFile(path) as lot:
+        claimed = lot.claim(_take_all)
+        assert sorted(r.id for r in claimed.records) == ["after", "good"]
+        assert [bad.why for bad in claimed.bad] == ["a line longer than 10000 bytes"]
+        with pytest.raises(ParkFileError, match="over 10000"):
+            lot.add(_record("http://127.0.0.1/" + "b" * 20_000))
+        lot.compact()
+    torn = path.with_name("parked.jsonl.torn").read_bytes()
+    assert torn.startswith(b'{"id":"big"') and len(torn) < 5000
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(
+    st.sampled_from(["id", "url", "slot", "reason", "detail", "attempts", "not_before", "request", "spider",
+                     "done", "claim", "release", "by"]),
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30)
+    | st.lists(st.text(max_size=8), max_size=3) | st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3),
+))
+def test_any_json_object_folds_without_raising(raw):
+    fold = Fold()
+    fold.apply(json.dumps(raw).encode("ascii") + b"\n")
+    assert len(fold.records) + len(fold.bad) <= 1
+    list(fold.free())
+
+
+# -- without fcntl (Windows) ------------------------------------------------------------------
+
+
+def test_the_package_imports_without_fcntl_and_parking_says_it_is_posix_only(tmp_path):
+    script = (
+        "import sys; sys.modules['fcntl'] = None\n"
+        "import scrapy_retryafter\n"
+        "from scrapy_retryafter.parkfile import ParkFile\n"
+        f"ParkFile({str(tmp_path / 'p.jsonl')!r}).check()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "ModuleNotFoundError" not in done.stderr and "ImportError" not in done.stderr
+    assert "parking needs POSIX file locks (fcntl)" in done.stderr and "RETRY_AFTER_PARKING = False" in done.stderr
+    assert os.listdir(tmp_path) == []
+
+
+# -- the command ------------------------------------------------------------------------------
 
 
 def test_the_command_summarizes_per_slot_and_clears(tmp_path, capsys):
@@ -118,14 +449,38 @@ def test_the_command_summarizes_per_slot_and_clears(tmp_path, capsys):
     assert line.split()[1] == "2"
     assert iso(1_900_000_000.0) in line and "over_cap 1, retries_exhausted 1" in line
     assert main(["parked", str(path), "--clear"]) == 0
-    assert read_records(path)[0] == {}
+    assert "cleared 3 parked request(s)" in capsys.readouterr().out
+    assert not path.exists()
 
 
-def test_the_command_refuses_to_clear_a_file_in_use(tmp_path, capsys):
+def test_the_command_on_a_hostile_file_neither_crashes_nor_prints_control_characters(tmp_path, capsys):
     path = tmp_path / "parked.jsonl"
-    with ParkFile(path):
-        assert main(["parked", str(path), "--clear"]) == 1
-    assert "in use by another run" in capsys.readouterr().err
+    path.write_text(
+        _raw(id="a", slot="\x1b[2J\x1b]0;pwned\x07", reason="over_cap\x1b[31m")
+        + _raw(id="b", not_before="0001-01-01T00:00:00Z")
+        + _raw(id="c", url="file:///etc/passwd")
+        + "\x1b[2Jgarbage\n"
+    )
+    os.chmod(path, 0o600)
+    assert main(["parked", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "\\x1b[2J\\x1b]0;pwned\\x07" in out and "1 parked request(s)" in out
+    assert "3 line(s) a run sets aside" in out
+
+
+def test_clear_on_a_missing_file_is_an_error_and_creates_nothing(tmp_path, capsys):
+    path = tmp_path / "typo" / "parked.jsonl"
+    assert main(["parked", str(path), "--clear"]) == 1
+    assert "no park file" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_command_refuses_a_symlink(tmp_path, capsys):
+    (tmp_path / "parked.jsonl").symlink_to(tmp_path / "elsewhere")
+    assert main(["parked", str(tmp_path / "parked.jsonl")]) == 1
+    assert main(["parked", str(tmp_path / "parked.jsonl"), "--clear"]) == 1
+    assert "symlink" in capsys.readouterr().err
 
 
 def test_the_command_runs_as_a_module_and_reports_a_missing_file(tmp_path):
@@ -134,3 +489,87 @@ def test_the_command_runs_as_a_module_and_reports_a_missing_file(tmp_path):
         capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 1 and "no park file" in done.stderr
+
+
+# -- many writers, some killed mid-way -------------------------------------------------------
+
+_WRITER = r'''
+import json, random, sys, time
+from scrapy_retryafter.parkfile import ParkFile, ParkRecord
+
+path, seed, seconds, out = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+rng = random.Random(seed)
+log = open(out, "a")
+
+
+def note(kind, ids):
+    log.write(json.dumps({kind: ids}) + "\n")
+    log.flush()
+
+
+lot = ParkFile(path)
+ends = time.monotonic() + seconds
+n = 0
+while time.monotonic() < ends:
+    roll = rng.random()
+    if roll < 0.45:
+        batch = [ParkRecord(url=f"http://127.0.0.1/{seed}/{n + i}", slot="s", reason="over_cap", attempts=1,
+                            not_before=time.time(), request={"url": f"http://127.0.0.1/{seed}/{n + i}", "body": "x" * rng.randrange(2000)})
+                 for i in range(rng.randrange(1, 20))]
+        n += len(batch)
+        lot.add_many(batch)
+        note("added", [r.id for r in batch])
+    elif roll < 0.8:
+        taken = [r.id for r in lot.claim(lambda entry: rng.random() < 0.5).records]
+        note("claimed", taken)  # written before they are marked done: a kill after it may have done them
+        lot.done(taken)
+    else:
+        lot.compact()
+'''
+
+
+def _noted(path) -> dict[str, list[str]]:
+    noted: dict[str, list[str]] = {"added": [], "claimed": []}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.endswith("}"):
+                for kind, ids in json.loads(line).items():
+                    noted[kind] += ids
+    return noted
+
+
+def test_concurrent_writers_and_writers_killed_mid_way_lose_nothing_and_share_no_claim(tmp_path):
+    import random
+    import signal
+
+    path = tmp_path / "parked.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(os.path.dirname(os.path.dirname(__file__))), os.environ.get("PYTHONPATH", "")])}
+    survivors = [
+        subprocess.Popen([sys.executable, "-c", _WRITER, str(path), str(seed), "4", str(tmp_path / f"{seed}.log")], env=env)
+        for seed in range(4)
+    ]
+    rng = random.Random(7)
+    killed = 0
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:
+        victim = subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(path), str(100 + killed), "30", str(tmp_path / f"killed-{killed}.log")], env=env
+        )
+        time.sleep(0.6 + rng.random() * 0.5)  # start-up, then some work
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        killed += 1
+    assert [p.wait(60) for p in survivors] == [0, 0, 0, 0]
+    lived = [_noted(tmp_path / f"{seed}.log") for seed in range(4)]
+    died = [_noted(tmp_path / f"killed-{k}.log") for k in range(killed)]
+    claimed = collections.Counter(i for log in lived for i in log["claimed"])
+    assert claimed and max(claimed.values()) == 1  # no record taken by two live processes
+    with ParkFile(path) as lot:
+        lot.compact()
+        fold = lot.read()
+    handled = {i for log in lived + died for i in log["claimed"]}
+    added = {i for log in lived for i in log["added"]}
+    assert not {i for log in lived for i in log["claimed"]} & set(fold.records)
+    assert added - handled <= set(fold.records)  # every record not handled is still there
+    print(f"{killed} writers killed; {len(added)} records added by the others, {len(handled)} handled, "
+          f"{len(fold.records)} left, {len(fold.bad)} lines set aside")
