@@ -43,7 +43,23 @@ _WHERE = {
     "parse_retry_after": "headers",
 }
 
-__all__ = ["__version__", *sorted(_WHERE)]
+__all__ = [
+    "Addon",
+    "CooldownAwarePriorityQueue",
+    "CooldownBoard",
+    "Decision",
+    "RetryAfterExtension",
+    "RetryAfterLogStats",
+    "RetryAfterMiddleware",
+    "RetryAfterSettingError",
+    "RetryMiddleware",
+    "SlotPolicy",
+    "__version__",
+    "decide",
+    "load_config",
+    "parse_http_date",
+    "parse_retry_after",
+]
 
 
 def __getattr__(name: str) -> Any:

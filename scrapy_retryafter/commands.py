@@ -10,7 +10,7 @@ by then) and loads everything else inside :meth:`ParkedCommand.run`.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, ClassVar
 
 from scrapy.commands import ScrapyCommand
 
@@ -20,7 +20,7 @@ class ParkedCommand(ScrapyCommand):
 
     requires_project = True
     requires_crawler_process = False
-    default_settings = {"LOG_ENABLED": False}
+    default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
 
     def syntax(self) -> str:
         return "[options] <spider>"

@@ -13,16 +13,24 @@ import logging
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
-from urllib.parse import urlsplit
 from dataclasses import dataclass, fields, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from .backoff import STRATEGIES
 from .policy import SlotPolicy
 
 __all__ = [
-    "KNOWN_SETTINGS", "Config", "RedisConfig", "RetryAfterSettingError", "SETTING_NAMES", "load_config",
-    "unknown_settings", "unused_slot_keys", "warn_unknown_settings", "warn_unused_slot_keys",
+    "KNOWN_SETTINGS",
+    "SETTING_NAMES",
+    "Config",
+    "RedisConfig",
+    "RetryAfterSettingError",
+    "load_config",
+    "unknown_settings",
+    "unused_slot_keys",
+    "warn_unknown_settings",
+    "warn_unused_slot_keys",
 ]
 
 logger = logging.getLogger(__name__)
@@ -126,6 +134,10 @@ def _text(value: Any) -> str:
     return value
 
 
+_METHODS_ACCEPTED = (
+    f"a list of HTTP methods ({', '.join(map(repr, sorted(HTTP_METHODS)))}), e.g. ['GET', 'HEAD']"
+)
+
 _Check = tuple[Callable[[Any], Any], Callable[[Any], bool], str]
 
 _CHECKS: dict[str, _Check] = {
@@ -144,8 +156,7 @@ _CHECKS: dict[str, _Check] = {
     "budget_token_ratio": (_number, lambda v: 0 < v <= 1, "a number > 0 and <= 1"),
     "backoff_strategy": (_strategy, bool, "one of " + ", ".join(map(repr, STRATEGIES))),
     "deadline": (_deadline, lambda v: v > 0, "a number of seconds > 0, or None for no deadline"),
-    "server_error_methods": (_methods, lambda v: True, "a list of HTTP methods ('GET', 'HEAD', 'POST', 'PUT', 'DELETE', "
-                             "'CONNECT', 'OPTIONS', 'TRACE', 'PATCH'), e.g. ['GET', 'HEAD']"),
+    "server_error_methods": (_methods, lambda v: True, _METHODS_ACCEPTED),
     "host_down_threshold": (_integer, lambda v: v >= 1, "a whole number >= 1"),
 }
 

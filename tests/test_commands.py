@@ -59,7 +59,7 @@ def scrapy(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env.pop("SCRAPY_SETTINGS_MODULE", None)
     return subprocess.run(
         [sys.executable, "-m", "scrapy", *args], cwd=project, env=env,
-        capture_output=True, text=True, timeout=60,
+        check=False, capture_output=True, text=True, timeout=60,
     )
 
 
@@ -125,6 +125,6 @@ def test_the_command_module_imports_nothing_of_the_package() -> None:
         "print(sorted(m for m in sys.modules if m.startswith('scrapy_retryafter')))"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", code], env=env, check=False, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "['scrapy_retryafter', 'scrapy_retryafter.commands']"
