@@ -125,8 +125,9 @@ def chart(runs: dict[str, list[Run]], pages: int, limiter: dict[str, Any], path:
             tallest = max(heights)
             if tallest > 4 * most:
                 at = x[heights.index(tallest)] + BIN / 2
-                ax.annotate(f"{tallest} in this bin (cut off)", xy=(at, 4 * most), xytext=(-14, -16),
-                            textcoords="offset points", fontsize=8, color=RED, ha="right",
+                left = at < until / 2
+                ax.annotate(f"{tallest} in this bin (cut off)", xy=(at, 4 * most), xytext=(14 if left else -14, -16),
+                            textcoords="offset points", fontsize=8, color=RED, ha="left" if left else "right",
                             arrowprops={"arrowstyle": "->", "color": RED})
     axes[-1].set_xlabel("seconds since the crawl started (as the server logged each request)")
     fig.suptitle(f"One limiter, three crawlers: {pages} pages, CONCURRENT_REQUESTS=16", fontsize=11)
