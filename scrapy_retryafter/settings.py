@@ -336,8 +336,9 @@ def load_config(settings: Mapping[str, Any] | Any) -> Config:
 
     A bad value raises RetryAfterSettingError, logged first as one ERROR
     line: Scrapy prints an exception raised while a crawl starts inside an
-    asyncio "Task exception was never retrieved" traceback (or Twisted's
-    "Unhandled error in Deferred"), and the line above it is what a user reads.
+    asyncio "Task exception was never retrieved" traceback (Scrapy 2.19) or
+    Twisted's "Unhandled error in Deferred" (2.13); the line above it is what
+    a user reads.
     """
     try:
         return _load_config(settings)
