@@ -65,6 +65,12 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
+        # ``scrapy_retryafter.signals`` after a bare ``import scrapy_retryafter``, as before.
+        try:
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as error:
+            if error.name != f"{__name__}.{name}":
+                raise
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
