@@ -25,7 +25,7 @@ from .breaker import OPEN
 from .holding import DownloaderHold, GiveUp
 from .jobstate import STATE_FILE, load_board, save_board
 from .parking import Parking
-from .settings import Config, load_config
+from .settings import Config, load_config, warn_unknown_settings, warn_unused_slot_keys
 from .tally import SlotTally
 from .timers import call_from_thread, call_later, looping_call
 
@@ -120,6 +120,7 @@ class RetryAfterExtension:
         """Set by scrapy_retryafter.RetryMiddleware: RETRY_AFTER_ALL_RETRIES is carried out."""
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
+        warn_unknown_settings(crawler.settings)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -301,6 +302,7 @@ class RetryAfterExtension:
             logger.info("Resumed the cooldown, breaker and pace of %d slot(s) from JOBDIR %s", restored, jobdir)
 
     def _spider_closed(self, **kwargs: Any) -> None:
+        warn_unused_slot_keys(self.config, self.tally.responses)
         if self.jobdir and self.config.enabled:
             save_board(self.board, self.jobdir)
         if self._sweeper is not None and self._sweeper.running:

@@ -7,17 +7,33 @@ as a crawl that never waits.
 
 from __future__ import annotations
 
+import difflib
 import json
+import logging
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from .backoff import STRATEGIES
 from .policy import SlotPolicy
 
-__all__ = ["Config", "RedisConfig", "RetryAfterSettingError", "load_config", "SETTING_NAMES"]
+__all__ = [
+    "KNOWN_SETTINGS",
+    "SETTING_NAMES",
+    "Config",
+    "RedisConfig",
+    "RetryAfterSettingError",
+    "load_config",
+    "unknown_settings",
+    "unused_slot_keys",
+    "warn_unknown_settings",
+    "warn_unused_slot_keys",
+]
+
+logger = logging.getLogger(__name__)
 
 
 class RetryAfterSettingError(ValueError):
@@ -73,6 +89,8 @@ def _boolean(value: Any) -> bool:
 
 
 def _codes(value: Any) -> frozenset[int]:
+    if isinstance(value, Mapping):
+        raise TypeError
     if isinstance(value, str):
         value = [part for part in value.replace(",", " ").split() if part]
     codes = frozenset(_integer(code) for code in value)
@@ -96,13 +114,29 @@ def _deadline(value: Any) -> float:
     return math.inf if number == 0 else number
 
 
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"})
+"""RFC 9110's methods and PATCH: a name outside them is a typo more often than a custom method."""
+
+
 def _methods(value: Any) -> frozenset[str]:
+    if isinstance(value, Mapping):
+        raise TypeError
     if isinstance(value, str):
         value = value.replace(",", " ").split()
-    if not all(isinstance(method, str) and method.strip().isalpha() for method in value):
+    if not all(isinstance(method, str) and method.strip().upper() in HTTP_METHODS for method in value):
         raise ValueError
     return frozenset(method.strip().upper() for method in value)
 
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError
+    return value
+
+
+_METHODS_ACCEPTED = (
+    f"a list of HTTP methods ({', '.join(map(repr, sorted(HTTP_METHODS)))}), e.g. ['GET', 'HEAD']"
+)
 
 _Check = tuple[Callable[[Any], Any], Callable[[Any], bool], str]
 
@@ -122,7 +156,7 @@ _CHECKS: dict[str, _Check] = {
     "budget_token_ratio": (_number, lambda v: 0 < v <= 1, "a number > 0 and <= 1"),
     "backoff_strategy": (_strategy, bool, "one of " + ", ".join(map(repr, STRATEGIES))),
     "deadline": (_deadline, lambda v: v > 0, "a number of seconds > 0, or None for no deadline"),
-    "server_error_methods": (_methods, lambda v: True, "a list of HTTP methods, e.g. ['GET', 'HEAD']"),
+    "server_error_methods": (_methods, lambda v: True, _METHODS_ACCEPTED),
     "host_down_threshold": (_integer, lambda v: v >= 1, "a whole number >= 1"),
 }
 
@@ -226,7 +260,7 @@ def _slots(raw: Any) -> dict[str, Mapping[str, Any]]:
 
 
 _REDIS_CHECKS: dict[str, _Check] = {
-    "RETRY_AFTER_REDIS_PREFIX": (str, lambda v: bool(v.strip()), "a non-empty string"),
+    "RETRY_AFTER_REDIS_PREFIX": (_text, lambda v: bool(v.strip()), "a non-empty string"),
     "RETRY_AFTER_REDIS_FALLBACK": (_boolean, lambda v: True, "True or False"),
     "RETRY_AFTER_REDIS_REFRESH": (_number, lambda v: 0 < v <= 0.25, "a number of seconds > 0 and <= 0.25"),
     "RETRY_AFTER_REDIS_TIMEOUT": (_number, lambda v: 0 < v <= 5, "a number of seconds > 0 and <= 5"),
@@ -238,6 +272,22 @@ _REDIS_FIELDS = {
     "RETRY_AFTER_REDIS_TIMEOUT": "timeout",
 }
 _URL_SCHEMES = ("redis://", "rediss://", "unix://")
+
+_OTHER_SETTINGS = (
+    "RETRY_AFTER_ENABLED",
+    "RETRY_AFTER_SLOTS",
+    "RETRY_AFTER_PARKING",
+    "RETRY_AFTER_PARK_FILE",
+    "RETRY_AFTER_LOGSTATS_INTERVAL",
+    "RETRY_AFTER_ALL_RETRIES",
+    "RETRY_AFTER_REDIS_URL",
+)
+KNOWN_SETTINGS: frozenset[str] = frozenset(SETTING_NAMES.values()) | frozenset(_REDIS_FIELDS) | frozenset(_OTHER_SETTINGS)
+"""Every setting the package reads. A new setting goes into one of the three
+tables above, or the guard warns that it is unknown."""
+
+_MEANT = {"CAP": "RETRY_AFTER_MAX_DELAY", "RETRIES": "RETRY_AFTER_MAX_RETRIES", "DELAY": "RETRY_AFTER_MAX_DELAY"}
+"""Words people reach for that are not close in spelling to the name they mean."""
 
 
 def _redis(get: Callable[[str], Any]) -> RedisConfig | None:
@@ -282,7 +332,22 @@ def _checked_with(check: _Check, name: str, raw: Any) -> Any:
 
 
 def load_config(settings: Mapping[str, Any] | Any) -> Config:
-    """Build the validated configuration from Scrapy settings (or a dict)."""
+    """Build the validated configuration from Scrapy settings (or a dict).
+
+    A bad value raises RetryAfterSettingError, logged first as one ERROR
+    line: Scrapy prints an exception raised while a crawl starts inside an
+    asyncio "Task exception was never retrieved" traceback (Scrapy 2.19) or
+    Twisted's "Unhandled error in Deferred" (2.13); the line above it is what
+    a user reads.
+    """
+    try:
+        return _load_config(settings)
+    except RetryAfterSettingError as error:
+        logger.error("%s", error)
+        raise
+
+
+def _load_config(settings: Mapping[str, Any] | Any) -> Config:
     get = settings.get
     enabled = _bool("RETRY_AFTER_ENABLED", True if get("RETRY_AFTER_ENABLED") is None else get("RETRY_AFTER_ENABLED"))
     defaults = SlotPolicy()
@@ -324,3 +389,68 @@ def _park_file(raw: Any) -> str | None:
     if not isinstance(raw, str) or "\0" in raw:
         raise RetryAfterSettingError(f"RETRY_AFTER_PARK_FILE must be a file path (str or os.PathLike); got {raw!r}")
     return raw
+
+
+def _closest(name: str) -> str:
+    suffix = name[len("RETRY_AFTER_"):]
+    if suffix in _MEANT:
+        return _MEANT[suffix]
+
+    def likeness(known: str) -> float:
+        tail = known[len("RETRY_AFTER_"):]
+        prefix = tail.startswith(suffix) or suffix.startswith(tail)
+        return difflib.SequenceMatcher(None, suffix, tail).ratio() + (0.5 if prefix else 0.0)
+
+    return max(sorted(KNOWN_SETTINGS), key=likeness)
+
+
+def unknown_settings(names: Iterable[Any]) -> list[tuple[str, str]]:
+    """(unknown RETRY_AFTER_* name, the closest known name), sorted by name."""
+    unknown = {name for name in names if isinstance(name, str) and name.startswith("RETRY_AFTER_")} - KNOWN_SETTINGS
+    return [(name, _closest(name)) for name in sorted(unknown)]
+
+
+def warn_unknown_settings(settings: Mapping[str, Any] | Any, log: logging.Logger = logger) -> list[str]:
+    """One WARNING per RETRY_AFTER_* setting the package does not read: a typo is otherwise silent."""
+    lines = [
+        f"Unknown setting {name} is ignored; did you mean {closest}?"
+        for name, closest in unknown_settings(list(settings.keys()))
+    ]
+    for line in lines:
+        log.warning("%s", line)
+    return lines
+
+
+def _slot_hint(key: str, used: set[str]) -> str:
+    host = urlsplit(key).hostname if "://" in key else None
+    if host and host in used:
+        return f"a slot is named by its host alone: {host!r}"
+    match = difflib.get_close_matches(key, sorted(used), n=1, cutoff=0.6)
+    if match:
+        return f"did you mean {match[0]!r}?"
+    return "a slot is named by the request's host, or by its download_slot meta"
+
+
+def unused_slot_keys(config: Config, used: Iterable[str]) -> list[str]:
+    """A line per RETRY_AFTER_SLOTS key that no request's download slot matched.
+
+    ``used`` is every slot that got a response in this crawl. A key in URL form
+    or with a typo never matches, and its overrides silently never apply.
+    """
+    if not config.enabled:
+        return []
+    seen = set(used)
+    return [
+        f"RETRY_AFTER_SLOTS[{key!r}] matched no request's download slot, so its settings never applied; "
+        + _slot_hint(key, seen)
+        for key in sorted(config.slots)
+        if key not in seen
+    ]
+
+
+def warn_unused_slot_keys(config: Config, used: Iterable[str], log: logging.Logger = logger) -> list[str]:
+    """Call at spider_closed with the slots that got responses; logs one WARNING per unused key."""
+    lines = unused_slot_keys(config, used)
+    for line in lines:
+        log.warning("%s", line)
+    return lines
