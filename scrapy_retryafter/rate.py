@@ -50,6 +50,15 @@ PINNED = 1.2
 between the two paces, so probing past the plateau is as slow as when steady."""
 
 
+def doubling_step(rate: float) -> float:
+    """Slow start's growth per success at ``rate``: doubling every DOUBLING
+    seconds of sending, at most x2 per success. Below 1/DOUBLING requests/s
+    it is x2 (no power is taken: 2 ** (1 / rate) overflows for a quota of a
+    few a day)."""
+    seconds = rate * DOUBLING
+    return 2.0 if seconds <= 1.0 else 2.0 ** (1.0 / seconds)
+
+
 class Meter:
     """Smoothed successful responses per second, in half-second buckets.
 
@@ -79,11 +88,15 @@ class Meter:
         return now - self.bucket > seconds + BUCKET
 
     def current(self, now: float) -> float:
-        """The rate including the bucket in progress (so a burst counts at once)."""
-        elapsed = now - self.bucket
-        if elapsed <= 0.05:
-            return self.rate
-        return max(self.rate, self.count / max(elapsed, BUCKET))
+        """The rate including the bucket in progress (so a burst counts at once).
+
+        Never zero or near zero once successes were seen: those of the
+        bucket in progress count over their span, taken as at least a bucket
+        (a first 429 within 50 ms of the first successes used to read 0 and
+        start the pace at the floor, 1 request/s, instead of what the host
+        had just served).
+        """
+        return max(self.rate, self.count / max(now - self.bucket, BUCKET))
 
 
 class RateController:
@@ -198,7 +211,7 @@ class RateController:
             return 0.0
         if self.starting:
             # Each success at rate r stands for 1/r seconds of sending: no growth while idle.
-            grown = max(self.min_rate, min(self.rate * min(2.0, 2 ** (1 / (self.rate * DOUBLING))), self.ceiling))
+            grown = max(self.min_rate, min(self.rate * doubling_step(self.rate), self.ceiling))
             if grown > self.rate:
                 self.passed = self.rate
             self.rate = grown

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from scrapy_retryafter.board import CooldownBoard
 from scrapy_retryafter.rate import (
-    AGAIN, DROP_GUARD, MARGIN, PINNED, PROBE_COOLDOWN, PROBE_SCALE, RESTART, STEADY_SCALE, Meter, RateController,
+    AGAIN, BUCKET, DOUBLING, DROP_GUARD, MARGIN, PINNED, PROBE_COOLDOWN, PROBE_SCALE, RESTART, STEADY_SCALE, Meter,
+    RateController, doubling_step,
 )
 
 
@@ -284,3 +287,93 @@ def test_a_cut_adopted_from_the_fleet_is_no_throttle_of_this_process():
     assert pace.rate == pytest.approx(9.8)  # no deeper cut on top
     assert pace.peak == pytest.approx(9.8 / 0.7 * MARGIN)
     assert pace.succeeded(100.0, 1.25 + AGAIN / 2 + pace.window) == pytest.approx(pace.peak)
+
+
+@pytest.mark.parametrize(
+    "ticks, now, reading",
+    [
+        ([0.0] * 8, 0.0, 8 / BUCKET),  # eight successes at once, the 429 in the same instant
+        ([0.0, 0.01, 0.02, 0.03], 0.04, 4 / BUCKET),  # within 50 ms of the first success
+        ([0.0], 0.3, 1 / BUCKET),
+        ([0.0, 0.1, 0.2], 1.0, 3 / 1.0),  # the bucket in progress spans a second
+    ],
+)
+def test_the_meter_reads_the_successes_over_their_span_before_its_first_bucket_closes(ticks, now, reading):
+    meter = Meter(ticks[0])
+    for t in ticks:
+        meter.tick(t)
+    assert meter.rate == 0.0  # no bucket closed yet
+    assert meter.current(now) == pytest.approx(reading)
+
+
+def test_a_burst_after_a_quiet_spell_counts_at_once():
+    meter = Meter(0.0)
+    meter.tick(0.0)
+    meter.tick(10.0)  # closes a 10 s bucket with one success: the smoothed rate is near zero
+    assert meter.rate < 0.1
+    for i in range(7):
+        meter.tick(10.0 + i * 0.005)
+    assert meter.current(10.04) == pytest.approx(8 / BUCKET)
+
+
+@given(st.lists(st.floats(0.0, 0.2), min_size=1, max_size=50), st.floats(0.0, 5.0))
+def test_the_meter_never_reads_zero_once_a_success_was_seen(gaps, wait):
+    meter = Meter(0.0)
+    now = 0.0
+    for gap in gaps:
+        now += gap
+        meter.tick(now)
+    assert meter.current(now + wait) > 0.0
+    assert meter.current(now + wait) >= meter.rate
+
+
+def test_a_first_429_within_50_ms_of_the_first_successes_paces_from_what_they_measured():
+    clock = Clock()
+    board = CooldownBoard(clock=clock)
+    for _ in range(8):
+        clock.now += 0.004
+        board.succeeded("a")
+    clock.now += 0.01
+    assert board.throttled("a", sent_at=clock.now - 0.005) == pytest.approx(8 / BUCKET * 0.7)  # not the 1/s floor
+
+
+@pytest.mark.parametrize(
+    "rate, step",
+    [
+        (1 / 86400, 2.0),  # a quota of one a day: 2 ** 345600 overflowed
+        (0.5, 2.0),
+        (1 / DOUBLING, 2.0),
+        (8.0, 2 ** 0.5),
+        (1e6, 2 ** (1 / 250000)),
+    ],
+)
+def test_slow_start_steps(rate, step):
+    assert doubling_step(rate) == pytest.approx(step)
+
+
+@example(1 / 86400, [("ok", 0.0, 1.0)])
+@given(
+    st.floats(-math.log10(86400), 6).map(lambda exponent: 10.0**exponent),  # as many tiny quotas as huge ones
+    st.lists(st.tuples(st.sampled_from(["ok", "429", "pause", "adopt", "announce", "restore"]), st.floats(0.0, 1e6),
+                       st.floats(0.0, 3600.0)), max_size=40),
+)
+def test_quotas_from_one_a_day_to_a_million_a_second_never_overflow(quota, events):
+    pace = RateController()
+    pace.announced(quota)
+    now = 0.0
+    for kind, measured, gap in events:
+        now += gap
+        if kind == "ok":
+            pace.succeeded(measured, now)
+        elif kind == "429":
+            pace.throttled(measured, now)
+        elif kind == "pause":
+            pace.paused(now + gap, now)
+        elif kind == "adopt":
+            pace.adopted(max(quota, 1e-9), now)
+        elif kind == "announce":
+            pace.announced(quota)
+        else:
+            pace.restored(quota, now)
+        assert 0.0 < pace.rate < float("inf")
+        assert pace.rate <= max(pace.ceiling, pace.min_rate)
