@@ -5,7 +5,10 @@ concurrency and runs straight into the limiter again. After its first
 throttle a slot is paced instead, at a rate that starts from what it was
 measured to sustain, is cut by ``beta`` on each throttle and grows back along
 a cubic curve toward and past the last peak, as the AWS SDKs' adaptive retry
-mode does. Pure: the caller passes the time.
+mode does. A limiter with a burst allowance (nginx ``burst=``, a token
+bucket) lets a pace far above its rate through until the burst is spent, so
+the pace at a refusal overstates its limit; two stretches of sending between
+refusals tell the rate it hid (``sustained``). Pure: the caller passes the time.
 """
 
 from __future__ import annotations
@@ -48,6 +51,15 @@ slow cubic."""
 PINNED = 1.2
 """Slow start refused after a step up of at most this: the limit lies
 between the two paces, so probing past the plateau is as slow as when steady."""
+HIDDEN = 0.7
+"""A burst allowance hid the limit when what the server sustained between
+two refusals is at most this share of the refused pace (see ``sustained``)."""
+APART = 0.25
+"""Seconds by which two stretches of sending must differ in length for the
+difference of what they served to say a rate."""
+COUNTED = 8
+"""Successes by which they must differ too: a stretch ends on a fraction of a
+token, so the rate is off by up to one success in this many."""
 
 
 def doubling_step(rate: float) -> float:
@@ -104,7 +116,7 @@ class RateController:
 
     __slots__ = (
         "rate", "peak", "last_cut", "resumed", "window", "beta", "min_rate", "ceiling", "starting", "scale", "passed",
-        "refused", "stretch",
+        "refused", "stretch", "served", "last_served", "last_span", "start", "last_start",
     )
 
     def __init__(self, beta: float = 0.7, min_rate: float = 1.0) -> None:
@@ -127,10 +139,46 @@ class RateController:
         """The pace of the last throttle: the limit was below it."""
         self.stretch = 1.0
         """How much slower than the probing constants say to probe: the last cooldown over PROBE_COOLDOWN."""
+        self.served = 0
+        """Successes since sending resumed after the last cut's cooldown."""
+        self.last_served = 0.0
+        self.last_span = 0.0
+        """The stretch of sending before the last cut: what it served, and how long it lasted."""
+        self.start = 0.0
+        self.last_start = 0.0
+        """The paces this stretch and the one before began at: a stretch that began under the
+        sustained rate let tokens go to waste, so its count says nothing about the rate."""
+
+    def sustained(self, now: float) -> float | None:
+        """The rate a burst allowance hid, from the last two stretches of sending; None when they do not say.
+
+        A token bucket (rate r, burst B) is full when a cooldown ends and
+        empty when it refuses again, so a stretch of T seconds between the
+        two serves B + r*T, whatever the pace did in between. Two stretches
+        of different lengths give r = (served1 - served2) / (T1 - T2). It
+        says something only where the pace ran far above it (the bucket hid
+        the overshoot); a limiter without burst refuses the first excess and
+        its stretches serve what the pace sent.
+        """
+        span = now - self.resumed
+        if self.last_span <= 0.0 or span <= 0.0 or abs(span - self.last_span) < APART:
+            return None
+        if abs(self.served - self.last_served) < COUNTED:
+            return None
+        rate = (self.served - self.last_served) / (span - self.last_span)
+        # Paces only grow within a stretch: both began far above the rate, so neither
+        # wasted tokens (a stretch begun under it serves less and reads lower).
+        return rate if 0.0 < rate <= HIDDEN * min(self.start, self.last_start) else None
 
     def throttled(self, measured: float, now: float) -> float:
         """Cut the rate: the server said this pace is too fast."""
         base = self.rate or measured  # when paced, the pace is what was too fast
+        hidden = self.sustained(now) if self.rate and now >= self.resumed else None
+        if self.rate and now >= self.resumed:
+            self.last_served, self.last_span, self.last_start = float(self.served), now - self.resumed, self.start
+        else:
+            self.last_span = 0.0
+        self.served = 0
         if not self.starting and measured and measured < base / 2 and now - self.last_cut >= DROP_GUARD:
             # Out of slow start, and long enough after the last cut for the
             # meter to have caught up, a success rate under half the pace
@@ -171,6 +219,13 @@ class RateController:
                     # A probe just past the plateau was refused: the limit is where it was.
                     self.rate = max(self.rate, min(base * MARGIN, self.peak))
             self.peak = base * MARGIN
+        if hidden is not None:
+            # The pace ran far past what the server sustains while a burst
+            # allowance lasted: resume just under the sustained rate, pinned.
+            self.peak = self.rate = max(self.min_rate, hidden * MARGIN)
+            self.starting = False
+            self.passed = 0.0
+            self.scale = STEADY_SCALE
         self._regrow_from(base, now)
         return self.rate
 
@@ -180,6 +235,7 @@ class RateController:
 
     def _regrow_from(self, refused: float, now: float) -> None:
         """The cut is made: the cubic curve restarts now, back up to ``peak``."""
+        self.start = self.rate
         self.refused = refused
         self.window = (max(self.peak - self.rate, 0.0) / SCALE) ** (1 / 3)
         self.last_cut = self.resumed = now
@@ -198,6 +254,7 @@ class RateController:
         self.rate = max(self.min_rate, rate)
         self.scale = STEADY_SCALE if steady else PROBE_SCALE
         self.peak = base * MARGIN
+        self.served, self.last_span = 0, 0.0
         self._regrow_from(base, now)
 
     def paused(self, until: float, now: float) -> None:
@@ -209,6 +266,8 @@ class RateController:
         """Grow back: slowly near the last peak, faster once past it."""
         if not self.rate:
             return 0.0
+        if now >= self.resumed:
+            self.served += 1
         if self.starting:
             # Each success at rate r stands for 1/r seconds of sending: no growth while idle.
             grown = max(self.min_rate, min(self.rate * doubling_step(self.rate), self.ceiling))
@@ -243,3 +302,4 @@ class RateController:
         self.starting = False
         self.passed = 0.0
         self.scale = STEADY_SCALE
+        self.served, self.last_span, self.start = 0, 0.0, self.rate

@@ -377,3 +377,90 @@ def test_quotas_from_one_a_day_to_a_million_a_second_never_overflow(quota, event
             pace.restored(quota, now)
         assert 0.0 < pace.rate < float("inf")
         assert pace.rate <= max(pace.ceiling, pace.min_rate)
+
+
+class Recording(RateController):
+    """A controller that keeps what each throttle read as the rate a burst hid."""
+
+    __slots__ = ("hidden",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden: list[tuple[float, float]] = []
+
+    def throttled(self, measured: float, now: float) -> float:
+        hidden = self.sustained(now) if self.rate and now >= self.resumed else None
+        rate = super().throttled(measured, now)
+        if hidden is not None and rate == pytest.approx(hidden * MARGIN):
+            self.hidden.append((hidden, rate))
+        return rate
+
+
+def against_token_bucket(pace: RateController, rate: float, burst: float, seconds: float = 40.0) -> list[float]:
+    """Pace a simulated token bucket that answers every refusal with Retry-After: 1 (padded: 1.25 s).
+
+    The crawl opens with a burst read at 22 requests/s, as eight requests at once would. Returns the refusal times.
+    """
+    meter = Meter(0.0)
+    cooldown = 1.25
+    pace.throttled(22.0, 0.0)
+    pace.paused(cooldown, 0.0)
+    now = last = cooldown
+    tokens = burst
+    refusals = []
+    while now < seconds:
+        tokens = min(burst, tokens + rate * (now - last))
+        last = now
+        if tokens >= 1.0:
+            tokens -= 1.0
+            pace.succeeded(meter.tick(now), now)
+            now += 1.0 / pace.rate
+        else:
+            refusals.append(now)
+            pace.throttled(meter.current(now), now)
+            pace.paused(now + cooldown, now)
+            now += cooldown
+    return refusals
+
+
+@pytest.mark.parametrize(
+    ("before", "this", "hidden"),
+    [
+        # 15 served in 0.25 s at 60/s, then 27 in 0.83 s at 32/s: a burst of 10 over 20/s (nginx burst=10, logged).
+        ((15, 0.25, 60.0), (27, 0.83, 32.0), pytest.approx(12 / 0.58)),
+        ((15, 0.25, 60.0), (21, 0.45, 32.0), None),  # fewer than COUNTED more successes: a fraction of a token is 1 in 6
+        ((15, 0.25, 60.0), (27, 0.4, 32.0), None),  # lengths under APART apart
+        ((8, 1.2, 1.4), (60, 3.0, 18.0), None),  # the first stretch began under the rate: slow start from the floor
+        ((100, 5.0, 20.0), (180, 9.0, 19.0), None),  # no burst: the paces were near what was served
+    ],
+)
+def test_two_stretches_of_sending_read_the_rate_a_burst_hid(before, this, hidden):
+    (served1, span1, start1), (served2, span2, start2) = before, this
+    pace = RateController()
+    pace.last_served, pace.last_span, pace.last_start = served1, span1, start1
+    pace.served, pace.start, pace.resumed = served2, start2, 100.0
+    assert pace.sustained(100.0 + span2) == hidden
+
+
+def test_a_burst_allowance_no_longer_hides_the_limit():
+    pace = Recording()
+    refusals = against_token_bucket(pace, rate=20.0, burst=10.0)
+    (hidden, resumed), *_ = pace.hidden
+    assert 18.0 <= hidden <= 21.0
+    assert 0.85 * 20.0 <= resumed <= 20.0  # the plateau it resumed at
+    assert len(refusals) <= 4  # was 7: each cut regrew to just under a pace the burst had let through
+
+
+@pytest.mark.parametrize("rate", [2.0, 5.0, 20.0, 50.0, 80.0])
+def test_without_a_burst_no_rate_is_read_from_the_stretches(rate):
+    pace = Recording()
+    against_token_bucket(pace, rate=rate, burst=1.0)
+    assert pace.hidden == []
+
+
+@given(st.floats(2.0, 100.0), st.floats(1.0, 40.0))
+def test_a_rate_read_from_a_burst_is_near_the_real_one(rate, burst):
+    pace = Recording()
+    against_token_bucket(pace, rate=rate, burst=burst, seconds=30.0)
+    for hidden, _ in pace.hidden:
+        assert 0.6 * rate <= hidden <= 1.15 * rate
