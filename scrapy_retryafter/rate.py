@@ -116,7 +116,7 @@ class RateController:
 
     __slots__ = (
         "rate", "peak", "last_cut", "resumed", "window", "beta", "min_rate", "ceiling", "starting", "scale", "passed",
-        "refused", "stretch", "served", "last_served", "last_span", "start", "last_start",
+        "refused", "stretch", "served", "last_served", "last_span", "last_start",
     )
 
     def __init__(self, beta: float = 0.7, min_rate: float = 1.0) -> None:
@@ -141,13 +141,12 @@ class RateController:
         """How much slower than the probing constants say to probe: the last cooldown over PROBE_COOLDOWN."""
         self.served = 0
         """Successes since sending resumed after the last cut's cooldown."""
-        self.last_served = 0.0
+        self.last_served = 0
         self.last_span = 0.0
         """The stretch of sending before the last cut: what it served, and how long it lasted."""
-        self.start = 0.0
         self.last_start = 0.0
-        """The paces this stretch and the one before began at: a stretch that began under the
-        sustained rate let tokens go to waste, so its count says nothing about the rate."""
+        """The pace the stretch before began at (this one's is ``start``): a stretch begun under
+        the sustained rate let tokens go to waste, so its count says nothing about the rate."""
 
     def sustained(self, now: float) -> float | None:
         """The rate a burst allowance hid, from the last two stretches of sending; None when they do not say.
@@ -170,12 +169,18 @@ class RateController:
         # wasted tokens (a stretch begun under it serves less and reads lower).
         return rate if 0.0 < rate <= HIDDEN * min(self.start, self.last_start) else None
 
+    @property
+    def start(self) -> float:
+        """The pace this stretch of sending began at: where the cubic curve of the last cut starts
+        (derived, not kept: a broad crawl keeps one controller per throttled host)."""
+        return self.peak - SCALE * self.window**3
+
     def throttled(self, measured: float, now: float) -> float:
         """Cut the rate: the server said this pace is too fast."""
         base = self.rate or measured  # when paced, the pace is what was too fast
         hidden = self.sustained(now) if self.rate and now >= self.resumed else None
         if self.rate and now >= self.resumed:
-            self.last_served, self.last_span, self.last_start = float(self.served), now - self.resumed, self.start
+            self.last_served, self.last_span, self.last_start = self.served, now - self.resumed, self.start
         else:
             self.last_span = 0.0
         self.served = 0
@@ -235,7 +240,6 @@ class RateController:
 
     def _regrow_from(self, refused: float, now: float) -> None:
         """The cut is made: the cubic curve restarts now, back up to ``peak``."""
-        self.start = self.rate
         self.refused = refused
         self.window = (max(self.peak - self.rate, 0.0) / SCALE) ** (1 / 3)
         self.last_cut = self.resumed = now
@@ -302,4 +306,4 @@ class RateController:
         self.starting = False
         self.passed = 0.0
         self.scale = STEADY_SCALE
-        self.served, self.last_span, self.start = 0, 0.0, self.rate
+        self.served, self.last_span = 0, 0.0
