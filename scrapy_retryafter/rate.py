@@ -60,6 +60,10 @@ difference of what they served to say a rate."""
 COUNTED = 8
 """Successes by which they must differ too: a stretch ends on a fraction of a
 token, so the rate is off by up to one success in this many."""
+SHORT = 3.0
+"""Seconds: a pace far above the rate spends a burst of a second or two's
+worth within this; a longer stretch ran near the rate and let tokens go to
+waste, so what it served says nothing about the rate."""
 
 
 def doubling_step(rate: float) -> float:
@@ -160,7 +164,7 @@ class RateController:
         its stretches serve what the pace sent.
         """
         span = now - self.resumed
-        if self.last_span <= 0.0 or span <= 0.0 or abs(span - self.last_span) < APART:
+        if not 0.0 < self.last_span <= SHORT or not 0.0 < span <= SHORT or abs(span - self.last_span) < APART:
             return None
         if abs(self.served - self.last_served) < COUNTED:
             return None
