@@ -57,6 +57,9 @@ two refusals is at most this share of the refused pace (see ``sustained``)."""
 APART = 0.25
 """Seconds by which two stretches of sending must differ in length for the
 difference of what they served to say a rate."""
+HELD = 3.0
+"""Seconds a pinned pace held without a refusal before a refusal right after
+the next cooldown counts as a stray, not a drop (see ``throttled``)."""
 COUNTED = 8
 """Successes by which they must differ too: a stretch ends on a fraction of a
 token, so the rate is off by up to one success in this many."""
@@ -183,6 +186,7 @@ class RateController:
         """Cut the rate: the server said this pace is too fast."""
         base = self.rate or measured  # when paced, the pace is what was too fast
         hidden = self.sustained(now) if self.rate and now >= self.resumed else None
+        held = self.last_span >= HELD
         if self.rate and now >= self.resumed:
             self.last_served, self.last_span, self.last_start = self.served, now - self.resumed, self.start
         else:
@@ -195,6 +199,14 @@ class RateController:
             base = measured
         leaving_start = self.starting and bool(self.rate)
         again = not self.starting and self.refused < math.inf and now - self.resumed < AGAIN
+        if again and self.scale == STEADY_SCALE and held:
+            # A pinned pace that held for seconds, refused once right after
+            # the next cooldown: a limiter with no tolerance (nginx limit_req
+            # without burst) refuses two requests that arrive a few ms too
+            # close, and after a pause they often do. A stray, cut like one at
+            # the plateau; a limit that dropped refuses the next stretch at
+            # once too, and that one is cut deep.
+            again = False
         passed, self.passed = self.passed, 0.0
         if self.rate:
             self.starting = False

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from scrapy_retryafter.board import CooldownBoard
 from scrapy_retryafter.rate import (
-    AGAIN, BUCKET, DOUBLING, DROP_GUARD, MARGIN, PINNED, PROBE_COOLDOWN, PROBE_SCALE, RESTART, STEADY_SCALE, Meter,
+    AGAIN, BUCKET, DOUBLING, DROP_GUARD, HELD, MARGIN, PINNED, PROBE_COOLDOWN, PROBE_SCALE, RESTART, STEADY_SCALE, Meter,
     RateController, doubling_step,
 )
 
@@ -467,3 +467,39 @@ def test_a_rate_read_from_a_burst_is_near_the_real_one(rate, burst):
     against_token_bucket(pace, rate=rate, burst=burst, seconds=30.0)
     for hidden, _ in pace.hidden:
         assert 0.6 * rate <= hidden <= 1.15 * rate
+
+
+def pinned_at(rate: float, held: float) -> tuple[RateController, float]:
+    """A controller whose limit is pinned near ``rate`` and held for ``held`` s, then refused (a stray or not)."""
+    pace = RateController()
+    pace.starting = False
+    pace.rate = rate
+    pace.throttled(rate, 0.0)
+    pace.rate = rate
+    pace.throttled(rate, 1.0)  # refused twice at the same pace: pinned
+    assert pace.scale == STEADY_SCALE
+    pace.paused(2.25, now=1.0)
+    now = 2.25 + held
+    plateau = pace.succeeded(100.0, now)
+    pace.throttled(plateau, now)  # refused at the plateau after holding it
+    pace.paused(now + 1.25, now)
+    return pace, now + 1.25
+
+
+def test_a_pinned_pace_that_held_refused_once_after_a_cooldown_is_a_stray_not_a_drop():
+    pace, resumed = pinned_at(20.0, held=10.0)
+    before = pace.rate
+    # nginx limit_req without burst: the first requests after the pause arrive 4 ms too close.
+    # An ordinary cut, regrowing to just under the plateau; it was x0.49 with the peak set there.
+    assert pace.throttled(before, resumed + 0.05) == pytest.approx(before * 0.7)
+    assert pace.peak == pytest.approx(before * MARGIN)
+    pace.paused(resumed + 1.35, resumed + 0.05)
+    # Refused at once again: the limit did drop.
+    again = pace.rate
+    assert pace.throttled(again, resumed + 1.4) == pytest.approx(again * 0.7 * 0.7)
+
+
+def test_a_pinned_pace_refused_right_after_a_short_stretch_is_still_cut_deep():
+    pace, resumed = pinned_at(20.0, held=HELD / 2)
+    before = pace.rate
+    assert pace.throttled(before, resumed + 0.05) == pytest.approx(before * 0.7 * 0.7)
