@@ -123,7 +123,7 @@ class RateController:
 
     __slots__ = (
         "rate", "peak", "last_cut", "resumed", "window", "beta", "min_rate", "ceiling", "starting", "scale", "passed",
-        "refused", "stretch", "served", "last_served", "last_span", "last_start",
+        "refused", "stretch", "served", "last",
     )
 
     def __init__(self, beta: float = 0.7, min_rate: float = 1.0) -> None:
@@ -148,12 +148,11 @@ class RateController:
         """How much slower than the probing constants say to probe: the last cooldown over PROBE_COOLDOWN."""
         self.served = 0
         """Successes since sending resumed after the last cut's cooldown."""
-        self.last_served = 0
-        self.last_span = 0.0
-        """The stretch of sending before the last cut: what it served, and how long it lasted."""
-        self.last_start = 0.0
-        """The pace the stretch before began at (this one's is ``start``): a stretch begun under
-        the sustained rate let tokens go to waste, so its count says nothing about the rate."""
+        self.last: tuple[int, float, float] | None = None
+        """The stretch of sending before the last cut: what it served, how long it lasted, and
+        the pace it began at (this one's is ``start``); one field, None until a stretch ended,
+        as a broad crawl keeps a controller per throttled host. A stretch begun under the
+        sustained rate let tokens go to waste, so its count says nothing about the rate."""
 
     def sustained(self, now: float) -> float | None:
         """The rate a burst allowance hid, from the last two stretches of sending; None when they do not say.
@@ -167,14 +166,17 @@ class RateController:
         its stretches serve what the pace sent.
         """
         span = now - self.resumed
-        if not 0.0 < self.last_span <= SHORT or not 0.0 < span <= SHORT or abs(span - self.last_span) < APART:
+        if self.last is None:
             return None
-        if abs(self.served - self.last_served) < COUNTED:
+        last_served, last_span, last_start = self.last
+        if not 0.0 < last_span <= SHORT or not 0.0 < span <= SHORT or abs(span - last_span) < APART:
             return None
-        rate = (self.served - self.last_served) / (span - self.last_span)
+        if abs(self.served - last_served) < COUNTED:
+            return None
+        rate = (self.served - last_served) / (span - last_span)
         # Paces only grow within a stretch: both began far above the rate, so neither
         # wasted tokens (a stretch begun under it serves less and reads lower).
-        return rate if 0.0 < rate <= HIDDEN * min(self.start, self.last_start) else None
+        return rate if 0.0 < rate <= HIDDEN * min(self.start, last_start) else None
 
     @property
     def start(self) -> float:
@@ -186,11 +188,11 @@ class RateController:
         """Cut the rate: the server said this pace is too fast."""
         base = self.rate or measured  # when paced, the pace is what was too fast
         hidden = self.sustained(now) if self.rate and now >= self.resumed else None
-        held = self.last_span >= HELD
+        held = self.last is not None and self.last[1] >= HELD
         if self.rate and now >= self.resumed:
-            self.last_served, self.last_span, self.last_start = self.served, now - self.resumed, self.start
+            self.last = (self.served, now - self.resumed, self.start)
         else:
-            self.last_span = 0.0
+            self.last = None
         self.served = 0
         if not self.starting and measured and measured < base / 2 and now - self.last_cut >= DROP_GUARD:
             # Out of slow start, and long enough after the last cut for the
@@ -274,7 +276,7 @@ class RateController:
         self.rate = max(self.min_rate, rate)
         self.scale = STEADY_SCALE if steady else PROBE_SCALE
         self.peak = base * MARGIN
-        self.served, self.last_span = 0, 0.0
+        self.served, self.last = 0, None
         self._regrow_from(base, now)
 
     def paused(self, until: float, now: float) -> None:
@@ -322,4 +324,4 @@ class RateController:
         self.starting = False
         self.passed = 0.0
         self.scale = STEADY_SCALE
-        self.served, self.last_span = 0, 0.0
+        self.served, self.last = 0, None

@@ -438,7 +438,7 @@ def against_token_bucket(pace: RateController, rate: float, burst: float, second
 def test_two_stretches_of_sending_read_the_rate_a_burst_hid(before, this, hidden):
     (served1, span1, start1), (served2, span2, start2) = before, this
     pace = RateController()
-    pace.last_served, pace.last_span, pace.last_start = served1, span1, start1
+    pace.last = (served1, span1, start1)
     pace.served, pace.peak, pace.resumed = served2, start2, 100.0  # resumed at the plateau: the stretch began at it
     assert pace.start == start2
     assert pace.sustained(100.0 + span2) == hidden
