@@ -3,12 +3,15 @@
 Scrapy's LogStats says pages/min for the whole crawl; a throttled crawl that
 seems stuck needs the per-host answer ("cooling down 40 s more, 300 requests
 waiting"). Every RETRY_AFTER_LOGSTATS_INTERVAL seconds this logs one line per
-held slot, and at close one table of every slot that was throttled.
+held slot, and at close one table of every slot that was throttled. Each line
+gives what the slot really sent over the last interval apart from what its
+pace allows: the two part ways in slow start or under a generous quota.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
@@ -24,9 +27,22 @@ if TYPE_CHECKING:
 
     from typing_extensions import Self
 
-__all__ = ["RetryAfterLogStats"]
+__all__ = ["RetryAfterLogStats", "sent_rates"]
 
 logger = logging.getLogger(__name__)
+
+
+def sent_rates(
+    before: Mapping[str, int], now: Mapping[str, int], seconds: float
+) -> dict[str, float]:
+    """Answers per second between two counts, for the slots counted both times.
+
+    A slot first counted now has no rate yet: its count covers the whole
+    crawl, not the interval.
+    """
+    if seconds <= 0:
+        return {}
+    return {slot: max(0, count - before[slot]) / seconds for slot, count in now.items() if slot in before}
 
 
 class RetryAfterLogStats:
@@ -34,6 +50,9 @@ class RetryAfterLogStats:
         self.crawler = crawler
         self.interval = interval
         self._task: Any = None
+        self._counted: dict[str, int] = {}
+        """Answers per held slot at the last view: only the board's slots, so it stays as small as the board."""
+        self._counted_at = 0.0
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -53,10 +72,16 @@ class RetryAfterLogStats:
         return dict(self.extension.parked_by_slot)
 
     def views(self) -> list[SlotView]:
-        """Every slot the board remembers, as it stands now."""
+        """Every slot the board remembers, as it stands now, with what it sent since the last view."""
         extension = self.extension
         board = extension.board
         parked = self._parked()
+        now = board.clock()
+        slots = list(board)
+        counts = {slot: extension.tally.responses.get(slot, 0) for slot in slots}
+        over = now - self._counted_at
+        sent = sent_rates(self._counted, counts, over)
+        self._counted, self._counted_at = counts, now
         return [
             SlotView(
                 slot=slot,
@@ -65,8 +90,10 @@ class RetryAfterLogStats:
                 rate=board.rate(slot),
                 held=extension.held(slot),
                 parked=parked.get(slot, 0),
+                sent=sent.get(slot),
+                over=over,
             )
-            for slot in board
+            for slot in slots
         ]
 
     def log_views(self) -> None:
@@ -86,6 +113,7 @@ class RetryAfterLogStats:
         return summary_table(summary_rows(tally, slots, rates, parked))
 
     def _spider_opened(self, **kwargs: Any) -> None:
+        self._counted_at = self.extension.board.clock()
         if self.interval > 0:
             self._task = looping_call(self.log_views)
             self._task.start(self.interval, now=False)

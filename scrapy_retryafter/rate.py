@@ -5,7 +5,10 @@ concurrency and runs straight into the limiter again. After its first
 throttle a slot is paced instead, at a rate that starts from what it was
 measured to sustain, is cut by ``beta`` on each throttle and grows back along
 a cubic curve toward and past the last peak, as the AWS SDKs' adaptive retry
-mode does. Pure: the caller passes the time.
+mode does. A limiter with a burst allowance (nginx ``burst=``, a token
+bucket) lets a pace far above its rate through until the burst is spent, so
+the pace at a refusal overstates its limit; two stretches of sending between
+refusals tell the rate it hid (``sustained``). Pure: the caller passes the time.
 """
 
 from __future__ import annotations
@@ -48,6 +51,31 @@ slow cubic."""
 PINNED = 1.2
 """Slow start refused after a step up of at most this: the limit lies
 between the two paces, so probing past the plateau is as slow as when steady."""
+HIDDEN = 0.7
+"""A burst allowance hid the limit when what the server sustained between
+two refusals is at most this share of the refused pace (see ``sustained``)."""
+APART = 0.25
+"""Seconds by which two stretches of sending must differ in length for the
+difference of what they served to say a rate."""
+HELD = 3.0
+"""Seconds a pinned pace held without a refusal before a refusal right after
+the next cooldown counts as a stray, not a drop (see ``throttled``)."""
+COUNTED = 8
+"""Successes by which they must differ too: a stretch ends on a fraction of a
+token, so the rate is off by up to one success in this many."""
+SHORT = 3.0
+"""Seconds: a pace far above the rate spends a burst of a second or two's
+worth within this; a longer stretch ran near the rate and let tokens go to
+waste, so what it served says nothing about the rate."""
+
+
+def doubling_step(rate: float) -> float:
+    """Slow start's growth per success at ``rate``: doubling every DOUBLING
+    seconds of sending, at most x2 per success. Below 1/DOUBLING requests/s
+    it is x2 (no power is taken: 2 ** (1 / rate) overflows for a quota of a
+    few a day)."""
+    seconds = rate * DOUBLING
+    return 2.0 if seconds <= 1.0 else 2.0 ** (1.0 / seconds)
 
 
 class Meter:
@@ -79,11 +107,15 @@ class Meter:
         return now - self.bucket > seconds + BUCKET
 
     def current(self, now: float) -> float:
-        """The rate including the bucket in progress (so a burst counts at once)."""
-        elapsed = now - self.bucket
-        if elapsed <= 0.05:
-            return self.rate
-        return max(self.rate, self.count / max(elapsed, BUCKET))
+        """The rate including the bucket in progress (so a burst counts at once).
+
+        Never zero or near zero once successes were seen: those of the
+        bucket in progress count over their span, taken as at least a bucket
+        (a first 429 within 50 ms of the first successes used to read 0 and
+        start the pace at the floor, 1 request/s, instead of what the host
+        had just served).
+        """
+        return max(self.rate, self.count / max(now - self.bucket, BUCKET))
 
 
 class RateController:
@@ -91,7 +123,7 @@ class RateController:
 
     __slots__ = (
         "rate", "peak", "last_cut", "resumed", "window", "beta", "min_rate", "ceiling", "starting", "scale", "passed",
-        "refused", "stretch",
+        "refused", "stretch", "served", "last",
     )
 
     def __init__(self, beta: float = 0.7, min_rate: float = 1.0) -> None:
@@ -114,10 +146,54 @@ class RateController:
         """The pace of the last throttle: the limit was below it."""
         self.stretch = 1.0
         """How much slower than the probing constants say to probe: the last cooldown over PROBE_COOLDOWN."""
+        self.served = 0
+        """Successes since sending resumed after the last cut's cooldown."""
+        self.last: tuple[int, float, float] | None = None
+        """The stretch of sending before the last cut: what it served, how long it lasted, and
+        the pace it began at (this one's is ``start``); one field, None until a stretch ended,
+        as a broad crawl keeps a controller per throttled host. A stretch begun under the
+        sustained rate let tokens go to waste, so its count says nothing about the rate."""
+
+    def sustained(self, now: float) -> float | None:
+        """The rate a burst allowance hid, from the last two stretches of sending; None when they do not say.
+
+        A token bucket (rate r, burst B) is full when a cooldown ends and
+        empty when it refuses again, so a stretch of T seconds between the
+        two serves B + r*T, whatever the pace did in between. Two stretches
+        of different lengths give r = (served1 - served2) / (T1 - T2). It
+        says something only where the pace ran far above it (the bucket hid
+        the overshoot); a limiter without burst refuses the first excess and
+        its stretches serve what the pace sent.
+        """
+        span = now - self.resumed
+        if self.last is None:
+            return None
+        last_served, last_span, last_start = self.last
+        if not 0.0 < last_span <= SHORT or not 0.0 < span <= SHORT or abs(span - last_span) < APART:
+            return None
+        if abs(self.served - last_served) < COUNTED:
+            return None
+        rate = (self.served - last_served) / (span - last_span)
+        # Paces only grow within a stretch: both began far above the rate, so neither
+        # wasted tokens (a stretch begun under it serves less and reads lower).
+        return rate if 0.0 < rate <= HIDDEN * min(self.start, last_start) else None
+
+    @property
+    def start(self) -> float:
+        """The pace this stretch of sending began at: where the cubic curve of the last cut starts
+        (derived, not kept: a broad crawl keeps one controller per throttled host)."""
+        return self.peak - SCALE * self.window**3
 
     def throttled(self, measured: float, now: float) -> float:
         """Cut the rate: the server said this pace is too fast."""
         base = self.rate or measured  # when paced, the pace is what was too fast
+        hidden = self.sustained(now) if self.rate and now >= self.resumed else None
+        held = self.last is not None and self.last[1] >= HELD
+        if self.rate and now >= self.resumed:
+            self.last = (self.served, now - self.resumed, self.start)
+        else:
+            self.last = None
+        self.served = 0
         if not self.starting and measured and measured < base / 2 and now - self.last_cut >= DROP_GUARD:
             # Out of slow start, and long enough after the last cut for the
             # meter to have caught up, a success rate under half the pace
@@ -125,6 +201,14 @@ class RateController:
             base = measured
         leaving_start = self.starting and bool(self.rate)
         again = not self.starting and self.refused < math.inf and now - self.resumed < AGAIN
+        if again and self.scale == STEADY_SCALE and held:
+            # A pinned pace that held for seconds, refused once right after
+            # the next cooldown: a limiter with no tolerance (nginx limit_req
+            # without burst) refuses two requests that arrive a few ms too
+            # close, and after a pause they often do. A stray, cut like one at
+            # the plateau; a limit that dropped refuses the next stretch at
+            # once too, and that one is cut deep.
+            again = False
         passed, self.passed = self.passed, 0.0
         if self.rate:
             self.starting = False
@@ -158,6 +242,13 @@ class RateController:
                     # A probe just past the plateau was refused: the limit is where it was.
                     self.rate = max(self.rate, min(base * MARGIN, self.peak))
             self.peak = base * MARGIN
+        if hidden is not None:
+            # The pace ran far past what the server sustains while a burst
+            # allowance lasted: resume just under the sustained rate, pinned.
+            self.peak = self.rate = max(self.min_rate, hidden * MARGIN)
+            self.starting = False
+            self.passed = 0.0
+            self.scale = STEADY_SCALE
         self._regrow_from(base, now)
         return self.rate
 
@@ -185,6 +276,7 @@ class RateController:
         self.rate = max(self.min_rate, rate)
         self.scale = STEADY_SCALE if steady else PROBE_SCALE
         self.peak = base * MARGIN
+        self.served, self.last = 0, None
         self._regrow_from(base, now)
 
     def paused(self, until: float, now: float) -> None:
@@ -196,9 +288,11 @@ class RateController:
         """Grow back: slowly near the last peak, faster once past it."""
         if not self.rate:
             return 0.0
+        if now >= self.resumed:
+            self.served += 1
         if self.starting:
             # Each success at rate r stands for 1/r seconds of sending: no growth while idle.
-            grown = max(self.min_rate, min(self.rate * min(2.0, 2 ** (1 / (self.rate * DOUBLING))), self.ceiling))
+            grown = max(self.min_rate, min(self.rate * doubling_step(self.rate), self.ceiling))
             if grown > self.rate:
                 self.passed = self.rate
             self.rate = grown
@@ -230,3 +324,4 @@ class RateController:
         self.starting = False
         self.passed = 0.0
         self.scale = STEADY_SCALE
+        self.served, self.last = 0, None

@@ -77,6 +77,10 @@ class SlotView:
     held: int
     """Requests waiting in the scheduler for the slot."""
     parked: int = 0
+    sent: float | None = None
+    """Requests per second the slot really sent (answers, 429s included) over the last ``over`` seconds;
+    None before a whole interval was seen. The pace ``rate`` is only what it may send."""
+    over: float = 0.0
 
     @property
     def held_back(self) -> bool:
@@ -85,12 +89,19 @@ class SlotView:
 
 
 def live_line(view: SlotView) -> str:
-    """``127.0.0.2: cooling down for 2.4 s, circuit open, paced at 7.50 requests/s, 12 requests held``."""
+    """``127.0.0.2: sending, 7.9 requests/s sent in the last 30 s, pace allows 8.50 requests/s, 12 requests held``.
+
+    What was sent and what the pace allows are two numbers: during slow
+    start, or when a quota allows more than the crawl asks, the pace runs
+    far above what the slot sends.
+    """
     parts = [f"cooling down for {view.cooling:.1f} s" if view.cooling > 0 else "sending"]
+    if view.sent is not None:
+        parts.append(f"{view.sent:.1f} requests/s sent in the last {view.over:.3g} s")
     if view.circuit != CLOSED:
         parts.append(f"circuit {view.circuit}")
     if view.rate is not None:
-        parts.append(f"paced at {view.rate:.2f} requests/s")
+        parts.append(f"pace allows {view.rate:.2f} requests/s")
     parts.append(f"{view.held} request{'s' if view.held != 1 else ''} held")
     if view.parked:
         parts.append(f"{view.parked} parked")

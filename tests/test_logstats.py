@@ -13,6 +13,7 @@ from scrapy import Request
 from scrapy.settings import Settings
 
 from scrapy_retryafter import Addon, RetryAfterLogStats, RetryAfterSettingError, load_config
+from scrapy_retryafter.logstats import sent_rates
 from scrapy_retryafter.testing.server import HostConfig
 from scrapy_retryafter.tally import SlotTally, SlotView, live_line, live_lines, summary_rows, summary_table
 
@@ -52,8 +53,16 @@ def test_the_addon_enables_the_live_view():
     ("view", "line"),
     [
         (SlotView("a", 2.44, "closed", None, 12), "a: cooling down for 2.4 s, 12 requests held"),
-        (SlotView("a", 0.0, "closed", 7.5, 1), "a: sending, paced at 7.50 requests/s, 1 request held"),
-        (SlotView("a", 590.0, "open", 1.0, 300), "a: cooling down for 590.0 s, circuit open, paced at 1.00 requests/s, 300 requests held"),
+        (SlotView("a", 0.0, "closed", 7.5, 1), "a: sending, pace allows 7.50 requests/s, 1 request held"),
+        (SlotView("a", 590.0, "open", 1.0, 300), "a: cooling down for 590.0 s, circuit open, pace allows 1.00 requests/s, 300 requests held"),
+        (
+            SlotView("a", 0.0, "closed", 38.77, 12, sent=7.94, over=30.0),
+            "a: sending, 7.9 requests/s sent in the last 30 s, pace allows 38.77 requests/s, 12 requests held",
+        ),
+        (
+            SlotView("a", 1.2, "closed", 8.5, 3, sent=0.0, over=0.5),
+            "a: cooling down for 1.2 s, 0.0 requests/s sent in the last 0.5 s, pace allows 8.50 requests/s, 3 requests held",
+        ),
         (SlotView("a", 0.0, "half-open", None, 0, parked=4), "a: sending, circuit half-open, 0 requests held, 4 parked"),
     ],
 )
@@ -128,6 +137,27 @@ def test_summary_table_puts_the_most_throttled_first_and_counts_the_rest():
     assert lines[3] == "... and 3 more slot(s): 6 throttles, 6 requests"
 
 
+@pytest.mark.parametrize(
+    ("before", "now", "seconds", "rates"),
+    [
+        ({"a": 10}, {"a": 250}, 30.0, {"a": 8.0}),
+        ({}, {"a": 250}, 30.0, {}),  # first seen now: its count is the whole crawl's, not the interval's
+        ({"a": 10, "gone": 5}, {"a": 10}, 2.0, {"a": 0.0}),  # sent nothing; a slot the board dropped is not shown
+        ({"a": 10}, {"a": 12}, 0.0, {}),  # no time passed: no rate
+    ],
+)
+def test_the_pace_used_is_answers_per_second_since_the_last_view(before, now, seconds, rates):
+    assert sent_rates(before, now, seconds) == rates
+
+
+@given(st.dictionaries(st.sampled_from("abc"), st.integers(0, 10**6)), st.integers(0, 10**6), st.floats(0.01, 1e4))
+def test_sent_rates_are_never_negative(before, extra, seconds):
+    now = {slot: count + extra for slot, count in before.items()}
+    rates = sent_rates(before, now, seconds)
+    assert set(rates) == set(before)
+    assert all(rate == pytest.approx(extra / seconds) for rate in rates.values())
+
+
 @given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from([0, 429, 503]), st.floats(0, 100))))
 def test_tally_totals_match_what_was_fed(events):
     tally = SlotTally()
@@ -195,7 +225,7 @@ async def test_a_paced_slot_shows_its_learned_rate_and_a_quiet_crawl_logs_nothin
         crawler = await crawl([Request(paced.url(f"/{i}")) for i in range(30)], {**ADDON, "RETRY_AFTER_LOGSTATS_INTERVAL": 0.2})
     assert len(crawler.spider.seen) == 30
     # The server announces 20 requests/s; the pace sits just under it.
-    rates = [float(m[1]) for line in held_back_lines(caplog) if (m := re.search(r"paced at ([\d.]+) requests/s", line))]
+    rates = [float(m[1]) for line in held_back_lines(caplog) if (m := re.search(r"pace allows ([\d.]+) requests/s", line))]
     assert rates and all(15.0 <= rate <= 20.0 for rate in rates), held_back_lines(caplog)
     (summary,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Rate-limited slots, this run:")]
     row = summary.splitlines()[2].split()
@@ -219,3 +249,23 @@ async def test_the_summary_counts_parked_requests_per_slot(server, caplog, tmp_p
     assert row[0] == host.address
     assert row[2] == "429x1"
     assert int(row[-1]) == parked
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_live_view_shows_what_was_sent_apart_from_what_the_pace_allows(server, caplog):
+    # 40 a second announced, but two at a time with 0.25 s each: at most 8 a second can go out.
+    host = server.add_host(HostConfig(rate=40.0, window=1.0, penalty=1.0, ratelimit="ietf", latency=0.25))
+    server.start()
+    settings = {**ADDON, "RETRY_AFTER_LOGSTATS_INTERVAL": 0.5, "CONCURRENT_REQUESTS_PER_DOMAIN": 2}
+    with caplog.at_level(logging.INFO, logger="scrapy_retryafter.logstats"):
+        crawler = await crawl([Request(host.url(f"/{i}")) for i in range(24)], settings)
+    assert len(crawler.spider.seen) == 24
+    pattern = r"([\d.]+) requests/s sent in the last ([\d.]+) s, pace allows ([\d.]+) requests/s"
+    found = [re.search(pattern, line) for line in held_back_lines(caplog)]
+    shown = [(float(m[1]), float(m[2]), float(m[3])) for m in found if m]
+    assert shown, held_back_lines(caplog)
+    for sent, over, allowed in shown:
+        assert over == pytest.approx(0.5, abs=0.3)
+        assert sent <= 2 / 0.25 * 1.5  # what two connections at 0.25 s can carry, with an interval's slack
+        assert allowed >= 30.0  # the announced quota, far above what is sent
+    assert max(sent for sent, _, _ in shown) >= 4.0
