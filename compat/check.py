@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from differences import INCOMPATIBLE, INTENDED, Difference  # noqa: E402
+from differences import INCOMPATIBLE, INTENDED, Difference
 
 FAILED = {"failed", "xpassed"}
 

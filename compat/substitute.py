@@ -17,6 +17,7 @@ import ast
 import sys
 from pathlib import Path
 
+
 def _addon_paths() -> tuple[str, str]:
     """The Redis queue and dupefilter the add-on installs, wherever the package keeps them."""
     import scrapy_retryafter
