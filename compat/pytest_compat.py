@@ -19,11 +19,23 @@ _outcomes: dict[str, str] = {}
 def pytest_configure(config: pytest.Config) -> None:
     if not os.environ.get("SCRAPY_RETRYAFTER_COMPAT_ADDON"):
         return
+    from scrapy import Spider
+    from scrapy.addons import AddonManager
+    from scrapy.crawler import Crawler
     from scrapy.settings import Settings
+
+    from scrapy_retryafter import CooldownAwarePriorityQueue, RetryAfterMiddleware
 
     addons = Settings().getdict("ADDONS")
     if "scrapy_retryafter.Addon" not in addons:
         raise pytest.UsageError(f"the add-on is not in Scrapy's default settings (ADDONS={addons!r})")
+    # What a crawler's settings become once its add-ons ran: the package's middleware and queue.
+    settings = Settings()
+    AddonManager(Crawler(Spider, Settings())).load_settings(settings)
+    middlewares = settings.getdict("DOWNLOADER_MIDDLEWARES")
+    queue = settings.get("SCHEDULER_PRIORITY_QUEUE")
+    if RetryAfterMiddleware not in middlewares or queue != f"scrapy_retryafter.{CooldownAwarePriorityQueue.__name__}":
+        raise pytest.UsageError(f"the add-on did not install itself: {middlewares!r}, {queue!r}")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
