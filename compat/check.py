@@ -27,8 +27,8 @@ from differences import INCOMPATIBLE, INTENDED, Difference
 FAILED = {"failed", "xpassed"}
 
 
-def listed_for(suite: str, entries: list[Difference] = INTENDED) -> dict[str, Difference]:
-    return {d.test: d for d in entries if suite in d.suites}
+def listed_for(suite: str, entries: list[Difference] | None = None) -> dict[str, Difference]:
+    return {d.test: d for d in (INTENDED if entries is None else entries) if suite in d.suites}
 
 
 def group_of(nodeid: str) -> str:
