@@ -101,7 +101,8 @@ def unexpected(results: Path, suite: str) -> list[str]:
 
 def main(argv: list[str]) -> int:
     if argv[0] == "--unexpected":
-        print("\n".join(unexpected(Path(argv[1]), argv[2])))
+        for nodeid in unexpected(Path(argv[1]), argv[2]):
+            print(nodeid)
         return 0
     results, suites = Path(argv[0]), argv[1:]
     problems: list[str] = []

@@ -52,7 +52,8 @@ _OWNS_503 = (
 _RETRY_LINE = (
     "with RETRY_AFTER_ALL_RETRIES (on with the add-on) each retry also logs one INFO line 'Retrying <request> on "
     "<slot> after <failure>, attempt n of m, waiting ...' beside get_retry_request's DEBUG 'Retrying' line, so the "
-    "test's count of 'Retrying' is 4 for 2 retries (README: one INFO line per retry)"
+    "test's count of 'Retrying' is 4 for 2 retries, and its give-up line reads 'Gave up <request> on <slot> after "
+    "n attempt(s)', not stock's 'Gave up retrying' (README: one INFO line per retry)"
 )
 
 _RETRY_MW_503 = (

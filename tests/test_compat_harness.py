@@ -127,3 +127,19 @@ def test_every_listed_entry_names_a_suite_and_a_test_and_says_why() -> None:
     for change in differences.HARNESS:
         assert change.why and change.what
         assert bool(change.old) == bool(change.new) == bool(change.file)
+
+
+def test_only_unlisted_failures_are_run_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _verdict(
+        tmp_path, monkeypatch,
+        main={"tests/test_a.py::test_intended": "failed", "tests/test_a.py::test_known": "failed",
+              "tests/test_a.py::test_ok": "passed", "tests/test_a.py::test_new": "failed",
+              "tests/test_a.py::test_flaky": "failed", "tests/test_a.py": "failed"},
+    )
+    assert check.unexpected(tmp_path, "9.9") == [
+        "tests/test_a.py::test_flaky", "tests/test_a.py::test_new"
+    ]
+    (tmp_path / "compat-9.9-rerun.json").write_text(json.dumps({"tests/test_a.py::test_flaky": "passed"}))
+    assert check.unexpected(tmp_path, "9.9") == ["tests/test_a.py::test_new"]
+    (tmp_path / "compat-9.9.json").write_text(json.dumps({"tests/test_a.py::test_ok": "passed"}))
+    assert check.unexpected(tmp_path, "9.9") == []
