@@ -19,9 +19,13 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from scrapy import signals
-from scrapy.exceptions import NotConfigured
 
-from .floors import CrawlDelaySettings, crawl_delay_floor, floored_delay, load_crawl_delay_settings
+from .floors import (
+    CrawlDelaySettings,
+    crawl_delay_floor,
+    floored_delay,
+    load_crawl_delay_settings,
+)
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -107,7 +111,7 @@ class SlotFloors:
         slot = engine.downloader.slots.get(key) if key is not None else None
         if slot is None:
             return
-        floor = self.floor_for(key, _netloc(request.url))
+        floor = self.floor_for(str(key), _netloc(request.url))
         if floor <= 0:
             return
         jitter = getattr(slot, "jitter", None)
