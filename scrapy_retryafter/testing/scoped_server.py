@@ -249,9 +249,11 @@ class _Resource(resource.Resource):
                 request.write(data)
                 request.finish()
 
-        from twisted.internet import reactor
+        from twisted.internet import reactor as _reactor
 
-        reactor.callLater(host.config.latency, finish)  # type: ignore[attr-defined]
+        reactor: Any = _reactor
+
+        reactor.callLater(host.config.latency, finish)
         return server.NOT_DONE_YET
 
 
@@ -272,13 +274,15 @@ class ScopedServer:
         return host
 
     def start(self) -> ScopedServer:
-        from twisted.internet import reactor
+        from twisted.internet import reactor as _reactor
+
+        reactor: Any = _reactor
 
         for host in self.hosts:
             if host.port is None:
                 site = server.Site(_Resource(host))
                 site.noisy = False
-                port = reactor.listenTCP(0, site, interface=host.address)  # type: ignore[attr-defined]
+                port = reactor.listenTCP(0, site, interface=host.address)
                 host.port = port.getHost().port
                 self._ports.append(port)
         return self
@@ -317,7 +321,7 @@ class _ForwardRequest(http.Request):
     """One proxied request: absolute-form target, forwarded from the proxy's own address."""
 
     def process(self) -> None:
-        proxy: LoopbackProxy = self.channel.factory.proxy  # type: ignore[attr-defined]
+        proxy: LoopbackProxy = self.channel.factory.proxy
         try:
             target = urlsplit(self.uri.decode("ascii"))
             host, port = target.hostname or "", target.port or 80
@@ -337,11 +341,14 @@ class _ForwardRequest(http.Request):
             if key.lower() not in (b"proxy-authorization", b"proxy-connection")
         }
         headers[b"host"] = target.netloc.encode("ascii")
+        assert self.content is not None
         self.content.seek(0, 0)
         factory = ProxyClientFactory(self.method, rest.encode("ascii"), self.clientproto, headers, self.content.read(), self)
-        from twisted.internet import reactor
+        from twisted.internet import reactor as _reactor
 
-        reactor.connectTCP(host, port, factory, bindAddress=(proxy.address, 0))  # type: ignore[attr-defined]
+        reactor: Any = _reactor
+
+        reactor.connectTCP(host, port, factory, bindAddress=(proxy.address, 0))
 
 
 class _ProxyChannel(http.HTTPChannel):
@@ -366,13 +373,15 @@ class LoopbackProxy:
         return f"http://{self.address}:{self.port}"
 
     def start(self) -> LoopbackProxy:
-        from twisted.internet import reactor
+        from twisted.internet import reactor as _reactor
+
+        reactor: Any = _reactor
 
         factory = http.HTTPFactory()
         factory.protocol = _ProxyChannel  # type: ignore[assignment]
         factory.proxy = self  # type: ignore[attr-defined]
         factory.noisy = False
-        self._listening = reactor.listenTCP(0, factory, interface=self.address)  # type: ignore[attr-defined]
+        self._listening = reactor.listenTCP(0, factory, interface=self.address)
         self.port = self._listening.getHost().port
         return self
 
