@@ -39,6 +39,12 @@ logger = logging.getLogger(__name__)
 FloorSource = Callable[[str], float]
 """Slot key -> a floor in seconds (0 for none)."""
 
+CRAWL_DELAY_MARGIN = 0.02
+"""Seconds added to a Crawl-delay. The downloader times a gap from when it hands a
+request over; a request that first opens a connection reaches the server later by the
+connection's set-up, so the server would see the next gap that much shorter. On
+loopback under load that was up to 11 ms; 20 ms costs 4 % of the rate at Crawl-delay 0.5."""
+
 
 class SlotFloors:
     def __init__(self, crawler: Crawler, settings: CrawlDelaySettings, read_robots: bool) -> None:
@@ -72,7 +78,8 @@ class SlotFloors:
         self._sources.append(source)
 
     def floor_for(self, slot: str, netloc: str) -> float:
-        floor = 0.0 if slot in self.settings.ignore else self.crawl_delays.get(netloc, 0.0)
+        crawl_delay = 0.0 if slot in self.settings.ignore else self.crawl_delays.get(netloc, 0.0)
+        floor = crawl_delay + CRAWL_DELAY_MARGIN if crawl_delay > 0 else 0.0
         for source in self._sources:
             floor = max(floor, source(slot))
         return floor
