@@ -42,11 +42,14 @@ __all__ = [
     "ScopeConfig",
     "ScopeRule",
     "ScopeSettingError",
+    "SCOPES_META",
     "combination_key",
+    "facts_of",
     "load_scope_config",
     "parse_scopes",
     "plain_key",
     "registrable_domain",
+    "scopes_of",
 ]
 
 logger = logging.getLogger(__name__)
@@ -275,6 +278,11 @@ class ScopeConfig:
             rule.header for rules in (self.default, *self.slots.values()) for rule in rules if rule.kind == "header"
         )
 
+    @property
+    def fingerprint(self) -> str:
+        """Changes when the configuration does: scopes a request kept from another configuration are stale."""
+        return _digest(repr((self.default, sorted(self.slots.items()))))[:8]
+
     def rules_for(self, slot: str) -> tuple[ScopeRule, ...]:
         return self.slots.get(slot, self.default)
 
@@ -431,3 +439,44 @@ def load_scope_config(get: Callable[[str], Any]) -> ScopeConfig:
                 where = f"RETRY_AFTER_SLOTS[{slot!r}]['scopes']"
                 slots[str(slot)] = parse_scopes(overrides["scopes"], where)
     return ScopeConfig(default=default, slots=slots)
+
+
+SCOPES_META = "retry_after_scopes"
+"""Request meta key: [configuration fingerprint, URL, scope keys...], kept from the first time they were computed."""
+
+
+def facts_of(request: Any, slot: str, config: ScopeConfig) -> RequestFacts:
+    """A Scrapy request's facts (duck-typed: ``url``, ``meta``, ``headers.get``), only the headers the scopes read."""
+    headers: dict[str, str] = {}
+    for name in config.header_names:
+        value = request.headers.get(name)
+        if value is not None:
+            text = value.decode("latin-1") if isinstance(value, bytes) else str(value)
+            headers[name] = text[:_MAX_VALUE_CHARS]
+    return RequestFacts(
+        slot=slot, url=request.url, proxy=request.meta.get("proxy"), headers=headers, meta=request.meta, request=request
+    )
+
+
+def scopes_of(request: Any, slot: str, config: ScopeConfig) -> tuple[str, ...]:
+    """The request's scope keys, computed once and kept in its meta.
+
+    Kept, because the scheduler files a request under its scopes before
+    downloader middlewares add headers (Cookie, Authorization): computed again
+    at the response, the keys could differ and the throttle would charge other
+    state than the one the queue holds. Computed again when the URL changed
+    (a redirect) or the configuration did (a resumed JOBDIR).
+    """
+    kept = request.meta.get(SCOPES_META)
+    stamp = config.fingerprint
+    if (
+        isinstance(kept, (list, tuple))
+        and 3 <= len(kept) <= _MAX_SCOPES + 2
+        and kept[0] == stamp
+        and kept[1] == request.url
+        and all(isinstance(key, str) and key for key in kept[2:])
+    ):
+        return tuple(kept[2:])
+    keys = config.scopes_for(facts_of(request, slot, config))
+    request.meta[SCOPES_META] = [stamp, request.url, *keys]
+    return keys

@@ -267,3 +267,32 @@ def test_every_key_is_safe_bounded_and_free_of_secrets(
     combined = combination_key(result)
     assert SAFE_KEY.fullmatch(combined.replace("+", "-")) and len(combined) <= 200
     assert combined == combination_key(tuple(reversed(result)))
+
+
+# --- Scrapy requests ------------------------------------------------------------------------
+
+
+def test_a_request_s_scopes_are_kept_in_its_meta_until_its_url_or_the_configuration_changes() -> None:
+    from scrapy import Request
+
+    from scrapy_retryafter.scopes import SCOPES_META, scopes_of
+
+    config = ScopeConfig(default=parse_scopes(["header:X-Api-Key", "proxy"]))
+    request = Request("https://api.example.com/a", headers={"X-Api-Key": "k1"}, meta={"proxy": "http://127.0.0.11:8001"})
+    first = scopes_of(request, "api.example.com", config)
+    assert first == (
+        "header=api.example.com@x-api-key~" + scopes._digest("header", "api.example.com\0x-api-key\0k1"),
+        "proxy=127.0.0.11_8001@api.example.com",
+    )
+    # A downloader middleware changing the header later does not move the request to other state.
+    request.headers["X-Api-Key"] = "k2"
+    assert scopes_of(request, "api.example.com", config) == first
+    # A retry is a copy: same scopes. A redirect is a new URL: computed again.
+    assert scopes_of(request.copy(), "api.example.com", config) == first
+    redirected = request.replace(url="https://api.example.com/b")
+    assert scopes_of(redirected, "api.example.com", config) != first
+    # Another configuration (a resumed JOBDIR, settings changed) computes them again.
+    assert scopes_of(request, "api.example.com", ScopeConfig()) == ("api.example.com",)
+    # Garbage in the meta is not trusted.
+    request.meta[SCOPES_META] = ["x", request.url, 42]
+    assert scopes_of(request, "api.example.com", ScopeConfig()) == ("api.example.com",)
