@@ -38,11 +38,11 @@ from urllib.parse import urlsplit
 __all__ = [
     "KINDS",
     "MAX_KEY_LENGTH",
+    "SCOPES_META",
     "RequestFacts",
     "ScopeConfig",
     "ScopeRule",
     "ScopeSettingError",
-    "SCOPES_META",
     "combination_key",
     "facts_of",
     "load_scope_config",
