@@ -102,7 +102,7 @@ class RetryAfterExtension:
     def _make_board(self, config: Config, clock: Any) -> CooldownBoard:
         if config.redis is None:
             return CooldownBoard(clock=clock)
-        from .redis_board import RedisBoard
+        from .redis.board import RedisBoard
 
         board = RedisBoard(config.redis, clock=clock, jitter=lambda slot: config.policy_for(slot).wake_jitter)
         board.on_remote_cool = self._remote_cool

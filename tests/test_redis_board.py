@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from scrapy_retryafter.breaker import CLOSED, OPEN
 from scrapy_retryafter.rate import MARGIN
-from scrapy_retryafter.redis_board import RedisBoard, RedisBoardUnavailable
+from scrapy_retryafter.redis.board import RedisBoard, RedisBoardUnavailable
 from scrapy_retryafter.settings import RedisConfig
 
 from .redis_fixtures import free_port, own_redis, prefix, redis_server, require_redis  # noqa: F401

@@ -32,11 +32,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from .board import CooldownBoard, Random, SlotState
-from .breaker import CLOSED, Breaker
+from ..board import CooldownBoard, Random, SlotState
+from ..breaker import CLOSED, Breaker
 from .outage import BACKOFF_MAX, Outage
-from .rate import MARGIN, RateController
-from .settings import RedisConfig
+from ..rate import MARGIN, RateController
+from ..settings import RedisConfig
 
 __all__ = ["RedisBoard", "RedisBoardUnavailable", "EXCHANGE"]
 
