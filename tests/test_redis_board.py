@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from scrapy_retryafter.breaker import CLOSED, OPEN
 from scrapy_retryafter.rate import MARGIN
 from scrapy_retryafter.redis.board import RedisBoard, RedisBoardUnavailable
+from scrapy_retryafter.redis.exchange import slot_key
 from scrapy_retryafter.settings import RedisConfig
 
 from .redis_fixtures import free_port, own_redis, prefix, redis_server, require_redis  # noqa: F401
@@ -108,6 +109,8 @@ def test_a_cut_pace_is_adopted_and_split_between_the_senders(pair):
     rate = a.throttled(SLOT, sent_at=a.clock())
     assert rate is not None
     assert a.sync() and b.sync()
+    assert SLOT not in b  # b meets the slot: it asks the fleet for its pace
+    assert b.sync()
     assert b.rate(SLOT) == pytest.approx(rate)
     # Both send to the slot: each learns it is one of two and paces at half.
     a.released(SLOT)
@@ -168,9 +171,10 @@ def test_a_process_that_stops_leaves_the_sender_count(pair, redis_server, prefix
     b.cool(SLOT, 0.0)
     b.released(SLOT)
     assert a.sync() and b.sync() and a.sync()
-    assert redis_server.client().zcard(f"{prefix}:active:{SLOT}") == 2
+    senders = f"{prefix}:slot:senders:{slot_key(SLOT)}"
+    assert redis_server.client().zcard(senders) == 2
     a.stop()
-    assert redis_server.client().zcard(f"{prefix}:active:{SLOT}") == 1
+    assert redis_server.client().zcard(senders) == 1
 
 
 def test_unreachable_at_start_is_an_error_naming_the_url():
