@@ -35,7 +35,8 @@ def board(url: str, prefix: str, memory_age: float = 604800.0, **policy) -> Redi
 def plant_rate(client, prefix: str, slot: str, value: str, at: float | None = None) -> None:
     """A rate as another process (or another program) left it."""
     client.hset(f"{prefix}:rate", slot, value)
-    client.zadd(f"{prefix}:rate:at", {slot: at if at is not None else float(client.time()[0])})
+    seconds, micros = client.time()
+    client.zadd(f"{prefix}:rate:at", {slot: at if at is not None else seconds + micros / 1e6})
 
 
 @pytest.mark.parametrize("value", ["0:cut other", "garbage:cut other", "nan:cut other", "inf:grow other",
@@ -77,15 +78,21 @@ def test_a_rate_older_than_the_memory_age_is_not_adopted_and_is_removed(redis_se
 def test_rates_are_read_incrementally_and_in_pages(redis_server, prefix):
     client = redis_server.client()
     config = RedisConfig(url=redis_server.url, params={}, prefix=prefix)
-    now = float(client.time()[0])
-    pipe = client.pipeline()
-    for n in range(2500):
-        pipe.hset(f"{prefix}:rate", f"h{n}", "2.0:cut other")
-        pipe.zadd(f"{prefix}:rate:at", {f"h{n}": now - 10 + n / 1000})
-    pipe.execute()
+    plant_rate(client, prefix, "before.example", "2.0:cut other")
     exchange = RedisExchange(config, "me")
     exchange.start()
     try:
+        exchange.send(Job({}))
+        exchange.wait(time.monotonic() + 5)
+        (answer,) = exchange.take()
+        assert answer.reply.rates == []  # a process starts at now: the slots it meets are asked about
+        seconds, micros = client.time()
+        now = seconds + micros / 1e6
+        pipe = client.pipeline()
+        for n in range(2500):
+            pipe.hset(f"{prefix}:rate", f"h{n}", "2.0:cut other")
+            pipe.zadd(f"{prefix}:rate:at", {f"h{n}": now + n / 1e6})
+        pipe.execute()
         pages = []
         for _ in range(4):
             exchange.send(Job({}))
@@ -112,10 +119,11 @@ def test_a_cooldown_of_a_day_from_another_spider_is_a_refusal_under_the_local_ca
     b.on_remote_refusal = lambda slot, seconds: refused.append(slot)
     try:
         assert b.sync()
+        assert SLOT in b  # met: refused
         assert b.remaining(SLOT) == 0.0 and b.ready_at(SLOT) == 0.0
         assert b.refused(SLOT) > 99_000
         assert refused == [SLOT]
-        assert b.remaining("endless.example") == 0.0
+        assert "endless.example" not in b and b.remaining("endless.example") == 0.0
         assert sum(b.invalid) == 1  # the infinite score
     finally:
         b.stop()

@@ -120,6 +120,7 @@ def exchange_once(board: RedisBoard, exchange: FakeExchange, reply: Reply | Base
 
 def test_a_remote_cooldown_under_the_cap_cools_the_slot(fleet, clock):
     board, exchange, heard = fleet
+    assert SLOT not in board  # met
     exchange_once(board, exchange, reply_of(cooldowns={SLOT: 20.0}))
     assert board.remaining(SLOT) == pytest.approx(20.0)
     assert heard["cool"] == [(SLOT, pytest.approx(20.0))]
@@ -128,6 +129,7 @@ def test_a_remote_cooldown_under_the_cap_cools_the_slot(fleet, clock):
 
 def test_a_remote_cooldown_over_the_local_cap_is_a_refusal_not_a_day_long_sleep(fleet, clock):
     board, exchange, heard = fleet
+    assert SLOT not in board
     exchange_once(board, exchange, reply_of(cooldowns={SLOT: 100_000.0}))
     assert board.remaining(SLOT) == 0.0
     assert board.ready_at(SLOT) == 0.0
@@ -139,10 +141,25 @@ def test_a_remote_cooldown_over_the_local_cap_is_a_refusal_not_a_day_long_sleep(
 
 def test_a_remote_circuit_is_held_no_longer_than_the_local_open_time(fleet, clock):
     board, exchange, heard = fleet
+    assert SLOT not in board
     exchange_once(board, exchange, reply_of(circuits={SLOT: 86_400.0}))
     assert board.breaker_state(SLOT) == OPEN
     assert board.ready_at(SLOT) == pytest.approx(clock.now + 600.0)
     assert heard["circuit"] == [(SLOT, True)]
+
+
+def test_the_fleet_s_cooldowns_of_hosts_not_met_cost_no_state_until_one_is_met(fleet, clock):
+    board, exchange, heard = fleet
+    cooling = {f"h{n}": 20.0 for n in range(5000)}
+    exchange_once(board, exchange, reply_of(cooldowns=cooling, circuits={"open.example": 60.0}, snapshot=True))
+    assert len(board) == 0 and heard["cool"] == []
+    clock.now += 5
+    assert "h7" in board and "open.example" in board
+    assert board.remaining("h7") == pytest.approx(15.0)
+    assert board.breaker_state("open.example") == OPEN
+    clock.now += 100
+    board.sweep()
+    assert board._elsewhere == {}
 
 
 def test_a_circuit_closed_elsewhere_closes_here_and_frees_the_slot(fleet, clock):
@@ -272,10 +289,10 @@ def test_many_slots_met_are_asked_about_a_page_at_a_time(fleet, clock):
 
 def raw(**parts: Any) -> list[Any]:
     values = dict(changed=[], rates=[], counts=[], leases=[], now=b"1000.000000", snapshot=0, more=0, invalid=0,
-                  asked=[])
+                  asked=[], cooling=[], circuits=[], rates_since=b"990.000000", rates_slot=b"")
     values.update(parts)
-    return [values["changed"], values["rates"], values["counts"], values["leases"], values["now"], values["snapshot"],
-            values["more"], values["invalid"], values["asked"]]
+    return [values[key] for key in ("changed", "rates", "counts", "leases", "now", "snapshot", "more", "invalid",
+                                    "asked", "cooling", "circuits", "rates_since", "rates_slot")]
 
 
 @pytest.mark.parametrize(

@@ -138,25 +138,30 @@ def _seconds(raw: str, low: float, high: float) -> float | None:
 
 def read_reply(raw: Any, horizon: float) -> Reply:
     """Check every value of the script's answer: garbage is counted and left out, never raised."""
-    changed, rates, counts, leases, server_now, snapshot, more, invalid, asked = raw
+    changed, rates, counts, leases, server_now, snapshot, more, invalid, asked, cooling, opened, *since = raw
     invalid = int(invalid)
     now = float(_text(server_now))
     texts = [_text(item) for item in changed]
     cooldowns: dict[str, float] = {}
     circuits: dict[str, float | None] = {}
+    texts += [item for pair in _pairs(cooling) for item in (pair[0], pair[1], "")]
+    texts += [item for pair in _pairs(opened) for item in (pair[0], "", pair[1])]
     for slot, cool, circuit in zip(texts[::3], texts[1::3], texts[2::3]):
         until = _seconds(cool, -math.inf, math.inf) if cool else None
         if cool and until is None:
             invalid += 1
-        cooldowns[slot] = max(0.0, until - now) if until is not None else 0.0
+        if slot not in cooldowns or until is not None:
+            cooldowns[slot] = max(0.0, until - now) if until is not None else 0.0
         if circuit:
             opened = _seconds(circuit, -math.inf, math.inf)
             if opened is None:
                 invalid += 1
             circuits[slot] = opened - now if opened is not None else None
-        else:
+        elif slot not in circuits:
             circuits[slot] = None
     read_rates, cursor, garbage = _rates(rates)
+    if cursor is None:
+        cursor = (float(_text(since[0])), _text(since[1]))
     read_asked, _, asked_garbage = _rates(asked)
     invalid += garbage + asked_garbage
     texts = [_text(item) for item in counts]
@@ -169,6 +174,11 @@ def read_reply(raw: Any, horizon: float) -> Reply:
         invalid += offsets.count(None)
     return Reply(cooldowns, circuits, read_rates, read_asked, read_counts, grants, bool(int(snapshot)),
                  bool(int(more)), invalid, cursor, now)
+
+
+def _pairs(flat: list[Any]) -> list[tuple[str, str]]:
+    texts = [_text(item) for item in flat]
+    return list(zip(texts[::2], texts[1::2]))
 
 
 def _rates(flat: list[Any]) -> tuple[list[tuple[str, float, bool, str]], tuple[float, str] | None, int]:
@@ -216,7 +226,8 @@ class RedisExchange:
         self._script = self.client.register_script(EXCHANGE)
         self.outage = Outage(clock, rng if rng is not None else random)
         self._changes_cursor: str = ""
-        self._rates_cursor: tuple[float, str] = (0.0, "")
+        self._rates_cursor: tuple[float, str] | None = None
+        """Where the rates read last ended; None: at the first exchange's time."""
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._answers: collections.deque[Answer] = collections.deque()
         self._done = threading.Condition()
@@ -296,7 +307,8 @@ class RedisExchange:
     def _args(self, job: Job) -> list[Any]:
         args: list[Any] = [
             self.process_id, self._slot_prefix, self.active_window, repr(self.memory_age), repr(self.horizon),
-            self._changes_cursor, repr(self._rates_cursor[0]), self._rates_cursor[1], PAGE,
+            self._changes_cursor, *(("", "") if self._rates_cursor is None else
+                                    (repr(self._rates_cursor[0]), self._rates_cursor[1])), PAGE,
             len(job.writes), len(job.claims), len(job.asks),
         ]
         for (kind, slot), value in job.writes.items():

@@ -70,6 +70,9 @@ class FleetRules(CooldownBoard):
         self._asks: dict[str, None] = {}
         """Slots this process just met, to ask the fleet's rate of in the next exchange."""
         self._met: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._elsewhere: dict[str, tuple[float, float]] = {}
+        """Cooldowns and open circuits (local times until) of slots this process has not met:
+        applied when it meets one, dropped when they end."""
         self.holds = self._holds
         self.again = False
         """More is waiting to be read or asked: exchange again at once."""
@@ -115,10 +118,16 @@ class FleetRules(CooldownBoard):
         now = self.clock()
         slack = max(_SAME, got - sent)  # our own write read back is late by up to the round trip
         for slot, cooling in reply.cooldowns.items():
-            if cooling > 0:
+            if slot not in self._slots and slot not in self._met:
+                opened = reply.circuits.get(slot)
+                self._elsewhere[slot] = (got + cooling, got + opened if opened is not None else 0.0)
+            elif cooling > 0:
                 self._remote_cooldown(slot, got + cooling - now, slack)
         for slot, opened in reply.circuits.items():
-            if opened is not None:
+            if slot not in self._slots and slot not in self._met:
+                if slot not in reply.cooldowns and opened is not None:
+                    self._elsewhere[slot] = (0.0, got + opened)
+            elif opened is not None:
                 self._remote_circuit(slot, got + opened, now)
             elif slot in self._slots:
                 self._remote_close(slot, sent)
@@ -247,7 +256,21 @@ class FleetRules(CooldownBoard):
             if len(self._met) > MET_MEMORY:
                 self._met.popitem(last=False)
             self._asks[slot] = None
+            elsewhere = self._elsewhere.pop(slot, None)
+            if elsewhere is not None:
+                now = self.clock()
+                if elsewhere[0] > now:
+                    self._remote_cooldown(slot, elsewhere[0] - now)
+                self._remote_circuit(slot, elsewhere[1], now)
+                return slot in self._slots
         return False
+
+    def sweep(self) -> int:
+        """The board's sweep; the fleet's cooldowns and circuits that ended are dropped too."""
+        now = self.clock()
+        for slot in [slot for slot, (cool, circuit) in self._elsewhere.items() if max(cool, circuit) <= now]:
+            del self._elsewhere[slot]
+        return super().sweep()
 
     # -- the board's events, published ---------------------------------------
 

@@ -125,26 +125,26 @@ for _, slot in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now - age, 'L
   redis.call('HDEL', KEYS[3], slot)
   redis.call('ZREM', KEYS[4], slot)
 end
--- What changed since the cursor: every live one when there is none (a start,
--- a return after an outage), else the changes index.
-local changed = {}
+-- What changed since the cursor, from the changes index; with no cursor (a
+-- start, a return after an outage), every live cooldown and open circuit.
+local changed, cooling, circuits = {}, {}, {}
 local since = num(ARGV[6])
 local snapshot = since == nil or since < now - CHANGES_MEMORY / 2
-local slots
 if snapshot then
-  slots = redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf')
-  for _, slot in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], now, '+inf')) do slots[#slots + 1] = slot end
+  cooling = redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf', 'WITHSCORES')
+  circuits = redis.call('ZRANGEBYSCORE', KEYS[2], now, '+inf', 'WITHSCORES')
 else
-  slots = redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. ARGV[6], now)
-end
-for _, slot in ipairs(slots) do
-  changed[#changed + 1] = slot
-  changed[#changed + 1] = tostring(redis.call('ZSCORE', KEYS[1], slot) or '')
-  changed[#changed + 1] = tostring(redis.call('ZSCORE', KEYS[2], slot) or '')
+  for _, slot in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. ARGV[6], now)) do
+    changed[#changed + 1] = slot
+    changed[#changed + 1] = tostring(redis.call('ZSCORE', KEYS[1], slot) or '')
+    changed[#changed + 1] = tostring(redis.call('ZSCORE', KEYS[2], slot) or '')
+  end
 end
 -- Rates updated after the cursor (time, then slot for updates of one instant), a page at most.
+-- A process starts at now: the rates of the slots it meets come with its asks.
 local rates = {}
-local rate_since = math.max(num(ARGV[7]) or 0, now - age)
+local rate_since = num(ARGV[7]) or now
+rate_since = math.max(rate_since, now - age)
 local rate_slot = ARGV[8]
 local offset, more = 0, 0
 while #rates < 3 * page do
@@ -163,5 +163,6 @@ while #rates < 3 * page do
   if #batch < 2 * page then break end
 end
 if #rates >= 3 * page then more = 1 end
-return {changed, rates, counts, leases, string.format('%.6f', now), snapshot and 1 or 0, more, invalid, asked}
+return {changed, rates, counts, leases, string.format('%.6f', now), snapshot and 1 or 0, more, invalid, asked,
+        cooling, circuits, string.format('%.17g', rate_since), rate_since == num(ARGV[7]) and rate_slot or ''}
 """.replace("CIRCUIT_MEMORY", str(CIRCUIT_MEMORY)).replace("CHANGES_MEMORY", str(CHANGES_MEMORY))
