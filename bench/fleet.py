@@ -9,7 +9,7 @@ and Retry-After: 2 (a 2 s penalty). The processes are one spider with one
 project directory, each crawling its share of the pages (``--pages`` in all,
 spread over the hosts); each parks in a file of its own. For every count of
 processes and hosts, the fleet runs with independent boards and then with the
-Redis board, one after the other in the same run, and the table gives:
+Redis board, both at once on hosts of their own, and the table gives:
 pages fetched, pages/s and its fraction of the hosts' limit, responses 429
 (and those in the first second, before anyone knows the limit), and the time
 from the first request to the last page against the ideal (pages / limit).
@@ -28,44 +28,58 @@ from twisted.internet import asyncioreactor
 
 asyncioreactor.install()
 
+from twisted.internet import defer  # noqa: E402
+
 
 from scrapy_retryafter.testing.fleet import Member, run_fleet, run_on_reactor  # noqa: E402
 from scrapy_retryafter.testing.redis_server import RedisServer  # noqa: E402
-from scrapy_retryafter.testing.server import HostConfig, ThrottlingServer  # noqa: E402
+from scrapy_retryafter.testing.server import Host, HostConfig, ThrottlingServer  # noqa: E402
 
 ADDON = {"ADDONS": {"scrapy_retryafter.Addon": 500}, "RETRY_AFTER_MAX_RETRIES": 30}
 LIMIT = 10.0
+BOARDS = ("independent", "Redis board")
 
 
-async def one_fleet(pages: int, processes: int, hosts: int, settings: dict[str, Any]) -> dict[str, Any]:
-    server = ThrottlingServer()
-    limited = [server.add_host(HostConfig(rate=LIMIT, penalty=2.0)) for _ in range(hosts)]
-    server.start()
-    urls = [limited[n % hosts].url(f"/page/{n}") for n in range(pages)]
-    members = [
-        Member(name=chr(ord("A") + i), urls=urls[i::processes], settings={**ADDON, **settings})
-        for i in range(processes)
-    ]
-    await run_fleet(members, timeout=900)
-    await server.stop()
-    arrivals = sorted(server.arrivals(), key=lambda a: a.t)
+def measure(server: ThrottlingServer, hosts: list[Host], members: list[Member], pages: int) -> dict[str, Any]:
+    addresses = {host.address for host in hosts}
+    arrivals = sorted((a for a in server.arrivals() if a.host in addresses), key=lambda a: a.t)
     served = [a for a in arrivals if a.status == 200]
     throttled = [a for a in arrivals if a.status == 429]
     start = arrivals[0].t if arrivals else 0.0
     seconds = (served[-1].t - start) if served else float("inf")
-    fetched = {url for member in members for url in member.fetched}
-    ideal = pages / (LIMIT * hosts)
+    limit = LIMIT * len(hosts)
     return {
-        "pages": len(fetched),
+        "pages": len({url for member in members for url in member.fetched}),
         "rate": len(served) / seconds if seconds else 0.0,
-        "fraction": len(served) / seconds / (LIMIT * hosts) if seconds else 0.0,
+        "fraction": len(served) / seconds / limit if seconds else 0.0,
         "429s": len(throttled),
         "429%": 100 * len(throttled) / max(1, len(arrivals)),
         "first_second_429s": sum(1 for a in throttled if a.t < start + 1.0),
         "seconds": seconds,
-        "vs_ideal": seconds / ideal,
+        "vs_ideal": seconds / (pages / limit),
         "ok": all(member.returncode == 0 for member in members),
     }
+
+
+async def side_by_side(pages: int, processes: int, hosts: int, redis_url: str, prefix: str,
+                       timeout: float) -> dict[str, dict[str, Any]]:
+    """The same fleet twice at once, on hosts of its own each: independent boards, and the Redis board."""
+    server = ThrottlingServer()
+    limited = {label: [server.add_host(HostConfig(rate=LIMIT, penalty=2.0)) for _ in range(hosts)] for label in BOARDS}
+    server.start()
+    fleets: dict[str, list[Member]] = {}
+    for label, own in limited.items():
+        settings = {**ADDON, **({} if label == "independent" else {
+            "RETRY_AFTER_REDIS_URL": redis_url, "RETRY_AFTER_REDIS_PREFIX": prefix})}
+        urls = [own[n % hosts].url(f"/page/{n}") for n in range(pages)]
+        fleets[label] = [
+            Member(name=f"{label[0]}{i}", urls=urls[i::processes], settings=settings) for i in range(processes)
+        ]
+    await defer.gatherResults([
+        defer.ensureDeferred(run_fleet(members, timeout=timeout)) for members in fleets.values()
+    ])
+    await server.stop()
+    return {label: measure(server, limited[label], fleets[label], pages) for label in BOARDS}
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -74,23 +88,20 @@ async def main(args: argparse.Namespace) -> None:
     try:
         for hosts in args.hosts:
             for processes in args.processes:
-                runs: dict[str, list[dict[str, Any]]] = {"independent": [], "Redis board": []}
+                runs: dict[str, list[dict[str, Any]]] = {label: [] for label in BOARDS}
                 for round_number in range(args.repeat):
-                    for label in runs:
-                        settings = {} if label == "independent" else {
-                            "RETRY_AFTER_REDIS_URL": redis.url,
-                            "RETRY_AFTER_REDIS_PREFIX": f"bench-{hosts}-{processes}-{round_number}",
-                        }
-                        result = await one_fleet(args.pages, processes, hosts, settings)
+                    prefix = f"bench-{hosts}-{processes}-{round_number}"
+                    results = await side_by_side(args.pages, processes, hosts, redis.url, prefix, args.timeout)
+                    for label, result in results.items():
                         runs[label].append(result)
                         print(f"{hosts} host(s), {processes} processes, {label}: {result}", flush=True)
-                for label, results in runs.items():
-                    table.append((hosts, processes, label, results))
+                for label, results_of in runs.items():
+                    table.append((hosts, processes, label, results_of))
     finally:
         redis.kill()
     print()
-    print(f"{args.pages} pages, hosts at {LIMIT:g} requests/s each with no burst, Retry-After 2 "
-          f"(medians of {args.repeat})")
+    print(f"{args.pages} pages, hosts at {LIMIT:g} requests/s each with no burst, Retry-After 2; both fleets at once "
+          f"on hosts of their own (medians of {args.repeat}; a fleet still crawling after {args.timeout:g} s is stopped)")
     print("| hosts | processes | boards | pages | pages/s | of the limit | 429s | 429 % | 429s in 1st s "
           "| seconds | × ideal |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -109,6 +120,7 @@ if __name__ == "__main__":
     parser.add_argument("--processes", type=lambda text: [int(n) for n in text.split(",")], default=[2, 4, 8])
     parser.add_argument("--hosts", type=lambda text: [int(n) for n in text.split(",")], default=[1, 4])
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=240.0, help="seconds a fleet may crawl")
     arguments = parser.parse_args()
 
     run_on_reactor(lambda: main(arguments))

@@ -104,7 +104,10 @@ class RetryAfterExtension:
             return CooldownBoard(clock=clock)
         from .redis.board import RedisBoard
 
-        board = RedisBoard(config.redis, clock=clock, policy=config.policy_for)
+        board = RedisBoard(
+            config.redis, clock=clock, policy=config.policy_for,
+            first_contact=self.crawler.settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN"),
+        )
         board.on_remote_cool = self._remote_cool
         board.on_remote_refusal = self._remote_refusal
         board.on_invalid = lambda count: self.stats.inc_value("retry_after/redis/invalid", count)

@@ -230,3 +230,55 @@ def test_redis_lost_then_back_warns_once_and_republishes_local_cooldowns(own_red
         assert set(scores) == {SLOT, "second.example", "third.example"}
     finally:
         a.stop()
+
+
+def test_the_fleet_sends_a_new_host_no_more_than_the_first_contact_limit_until_one_answers(redis_server, prefix):
+    config = RedisConfig(url=redis_server.url, params={}, prefix=prefix)
+    fleet = [RedisBoard(config, first_contact=4) for _ in range(3)]
+    try:
+        for each in fleet:
+            each.connect()
+            each.start()
+            assert "new.example" in each
+        for each in fleet:
+            assert each.sync()
+        sends = 0
+        for each in fleet:
+            while each.ready_at("new.example") == 0.0 and sends < 50:
+                each.released("new.example")
+                sends += 1
+        assert sends == 4
+        fleet[0].succeeded("new.example")
+        for each in fleet:
+            assert each.sync()
+        assert all(each.ready_at("new.example") == 0.0 for each in fleet)
+    finally:
+        for each in fleet:
+            each.stop()
+
+
+def test_one_probe_for_the_fleet_when_a_circuit_expires(redis_server, prefix):
+    config = RedisConfig(url=redis_server.url, params={}, prefix=prefix)
+    fleet = [RedisBoard(config) for _ in range(3)]
+    try:
+        for each in fleet:
+            each.connect()
+            each.start()
+            assert SLOT not in each
+        assert fleet[0].breaker_throttled(SLOT, fleet[0].clock(), threshold=1, open_seconds=0.5)
+        for each in fleet:
+            assert each.sync()
+        time.sleep(0.6)
+        for each in fleet:
+            assert each.ready_at(SLOT) > each.clock()  # half-open: ask the fleet for the probe
+        for each in fleet:
+            assert each.sync()
+        probing = [each for each in fleet if each.ready_at(SLOT) == 0.0]
+        assert len(probing) == 1
+        probing[0].released(SLOT)
+        for each in fleet:
+            assert each.sync()
+        assert all(each.ready_at(SLOT) > each.clock() + 100 for each in fleet)  # the probe's hold
+    finally:
+        for each in fleet:
+            each.stop()

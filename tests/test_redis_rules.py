@@ -289,10 +289,12 @@ def test_many_slots_met_are_asked_about_a_page_at_a_time(fleet, clock):
 
 def raw(**parts: Any) -> list[Any]:
     values = dict(changed=[], rates=[], counts=[], leases=[], now=b"1000.000000", snapshot=0, more=0, invalid=0,
-                  asked=[], cooling=[], circuits=[], rates_since=b"990.000000", rates_slot=b"")
+                  asked=[], cooling=[], circuits=[], rates_since=b"990.000000", rates_slot=b"", probes=[],
+                  first=[])
     values.update(parts)
     return [values[key] for key in ("changed", "rates", "counts", "leases", "now", "snapshot", "more", "invalid",
-                                    "asked", "cooling", "circuits", "rates_since", "rates_slot")]
+                                    "asked", "cooling", "circuits", "rates_since", "rates_slot", "probes",
+                                    "first")]
 
 
 @pytest.mark.parametrize(
@@ -343,3 +345,80 @@ def test_read_reply_never_raises_on_any_rate_entries(entries):
 def test_the_fleet_board_keeps_the_base_succeeded_contract(fleet, clock):
     board, _, _ = fleet
     assert board.succeeded(SLOT) is False
+
+
+def test_an_expired_circuit_is_probed_by_the_process_the_fleet_grants_it_to(fleet, clock):
+    board, exchange, heard = fleet
+    assert board.breaker_throttled(SLOT, clock.now, threshold=1, open_seconds=60.0)
+    exchange_once(board, exchange)
+    clock.now += 61
+    assert board.ready_at(SLOT) > clock.now  # half-open: not this process's probe yet
+    job = exchange_once(board, exchange, reply_of(probes=[SLOT]))
+    assert job.probes == [SLOT]
+    assert heard["sooner"] == [SLOT]
+    assert board.ready_at(SLOT) == 0.0
+    board.released(SLOT)  # the probe leaves: the fleet holds meanwhile, the next exchange says so
+    assert exchange.jobs[-1].writes[("open", SLOT)] == repr(180.0)
+
+
+def test_a_process_refused_the_probe_holds_until_the_other_s_probe_answers(fleet, clock):
+    board, exchange, heard = fleet
+    assert board.breaker_throttled(SLOT, clock.now, threshold=1, open_seconds=60.0)
+    exchange_once(board, exchange)
+    clock.now += 61
+    board.ready_at(SLOT)
+    exchange_once(board, exchange, reply_of(circuits={SLOT: 180.0}))  # another process sent it
+    assert board.ready_at(SLOT) == pytest.approx(clock.now + 180.0)
+    clock.now += 1
+    exchange_once(board, exchange, reply_of(circuits={SLOT: None}))  # its probe succeeded
+    assert board.breaker_state(SLOT) == CLOSED and board.ready_at(SLOT) == 0.0
+    assert heard["sooner"] == [SLOT]  # the queue lists the slot again at once
+
+
+def test_a_paced_slot_sends_only_at_granted_times_while_the_fleet_answers(fleet, clock):
+    board, exchange, _ = fleet
+    rate = board.throttled(SLOT, clock.now)
+    board.cool(SLOT, 2.0)
+    exchange_once(board, exchange)
+    assert rate is not None
+    # No grant yet: after the cooldown the slot waits for one, not for a time of its own.
+    assert board.ready_at(SLOT) >= clock.now + 2.0 + board.grant_wait - 1e-9
+    exchange_once(board, exchange, reply_of(grants={SLOT: [2.0, 2.0 + 1 / rate]}))
+    assert board.ready_at(SLOT) == pytest.approx(clock.now + 2.0)
+    clock.now += 2.0
+    board.released(SLOT)
+    assert board.ready_at(SLOT) == pytest.approx(clock.now + 1 / rate)
+    clock.now += 1 / rate
+    board.released(SLOT)
+    assert board.ready_at(SLOT) >= clock.now + board.grant_wait - 1e-9  # granted times used up
+
+
+def test_a_host_new_to_the_fleet_gets_the_first_contact_sends_granted_then_opens_on_a_response(clock):
+    exchange = FakeExchange(clock)
+    board = RedisBoard(RedisConfig(url="redis://127.0.0.1:1/0", params={}), clock=clock, rng=Fixed(),  # type: ignore[arg-type]
+                       exchange=exchange, first_contact=8)
+    sooner: list[str] = []
+    board.on_sooner = sooner.append
+    assert SLOT in board  # met: held until the fleet answers
+    assert board.ready_at(SLOT, 20) > clock.now
+    job = exchange_once(board, exchange, reply_of(first={SLOT: 3}))
+    assert (SLOT, 8) in exchange.jobs[0].first and job.first == [] and sooner == [SLOT]
+    for _ in range(3):
+        assert board.ready_at(SLOT, 20) == 0.0
+        board.released(SLOT)
+    assert board.ready_at(SLOT, 20) > clock.now  # its three sends are out, and no answer yet
+    board.succeeded(SLOT)
+    assert board.ready_at(SLOT, 20) == 0.0
+    assert exchange.jobs[-1].writes.get(("seen", SLOT)) == "1"  # the fleet hears of it at once
+
+
+def test_a_host_the_fleet_already_heard_from_opens_at_the_first_answer_and_a_silent_one_after_a_wait(clock):
+    exchange = FakeExchange(clock)
+    board = RedisBoard(RedisConfig(url="redis://127.0.0.1:1/0", params={}), clock=clock, rng=Fixed(),  # type: ignore[arg-type]
+                       exchange=exchange, first_contact=8)
+    assert SLOT in board and "silent.example" in board
+    exchange_once(board, exchange, reply_of(first={SLOT: -1, "silent.example": 0}))
+    assert board.ready_at(SLOT) == 0.0
+    assert board.ready_at("silent.example") > clock.now
+    clock.now += 11  # nobody had an answer: the host-down rules take it from here
+    assert board.ready_at("silent.example") == 0.0

@@ -23,6 +23,7 @@ from ..breaker import CLOSED
 from ..policy import SlotPolicy
 from ..settings import RedisConfig
 from .exchange import Answer, Job, RedisBoardUnavailable, RedisExchange, Writes
+from .leases import LEASE_AHEAD
 from .rules import FleetRules
 
 __all__ = ["Exchange", "RedisBoard", "RedisBoardUnavailable"]
@@ -64,8 +65,10 @@ class RedisBoard(FleetRules):
         pace_memory: float = 600.0,
         policy: Callable[[str], SlotPolicy] = lambda slot: _DEFAULT_POLICY,
         exchange: Exchange | None = None,
+        first_contact: int = 0,
     ) -> None:
-        super().__init__(clock=clock, rng=rng, pace_memory=pace_memory, policy=policy, refresh=config.refresh)
+        super().__init__(clock=clock, rng=rng, pace_memory=pace_memory, policy=policy, refresh=config.refresh,
+                         grant_wait=2 * config.timeout + LEASE_AHEAD * config.refresh, first_contact=first_contact)
         self.redis_config = config
         self.exchange: Exchange = exchange if exchange is not None else RedisExchange(
             config, self.process_id, clock, memory_age=config.memory_age, active_window=ACTIVE_WINDOW,
@@ -167,9 +170,17 @@ class RedisBoard(FleetRules):
         asks = list(itertools.islice(self._asks, ASKS_PER_EXCHANGE)) if not self.lost else []
         for slot in asks:
             del self._asks[slot]
+        probes: list[str] = []
+        if not self.lost:
+            for slot, asked in list(self._probes.items()):
+                if now - asked > 2 * self.leases.horizon:
+                    del self._probes[slot]  # not asked again: the slot no longer waits for it
+                else:
+                    probes.append(slot)
         self.again = bool(self._asks)
         self._last_job = now
-        self.exchange.send(Job(writes, claims, active, now, asks))
+        first = self.contact.claims() if not self.lost else []
+        self.exchange.send(Job(writes, claims, active, now, asks, probes, first))
 
     def _paced(self, slot: str) -> tuple[float, float, float] | None:
         state = self._slots.get(slot)

@@ -84,6 +84,10 @@ class Job:
     sent: float = 0.0
     asks: list[str] = field(default_factory=list)
     """Slots this process just met: the fleet's rate for each, if it has one."""
+    probes: list[str] = field(default_factory=list)
+    """Slots whose circuit expired here: may this process send the fleet's one probe?"""
+    first: list[tuple[str, int]] = field(default_factory=list)
+    """(slot, how many) first-contact sends asked for, for slots the fleet has not heard from."""
 
 
 @dataclass
@@ -107,6 +111,10 @@ class Reply:
     invalid: int
     rates_cursor: tuple[float, str] | None
     server_now: float
+    probes: list[str] = field(default_factory=list)
+    """The probes granted to this process."""
+    first: dict[str, int] = field(default_factory=dict)
+    """First-contact sends granted per slot asked; -1: the fleet has heard from the host."""
 
 
 @dataclass
@@ -138,7 +146,7 @@ def _seconds(raw: str, low: float, high: float) -> float | None:
 
 def read_reply(raw: Any, horizon: float) -> Reply:
     """Check every value of the script's answer: garbage is counted and left out, never raised."""
-    changed, rates, counts, leases, server_now, snapshot, more, invalid, asked, cooling, opened, *since = raw
+    changed, rates, counts, leases, server_now, snapshot, more, invalid, asked, cooling, opened, *since, probes, first = raw
     invalid = int(invalid)
     now = float(_text(server_now))
     texts = [_text(item) for item in changed]
@@ -173,7 +181,8 @@ def read_reply(raw: Any, horizon: float) -> Reply:
         grants[slot] = [offset for offset in offsets if offset is not None]
         invalid += offsets.count(None)
     return Reply(cooldowns, circuits, read_rates, read_asked, read_counts, grants, bool(int(snapshot)),
-                 bool(int(more)), invalid, cursor, now)
+                 bool(int(more)), invalid, cursor, now, [_text(slot) for slot in probes],
+                 {slot: max(-1, min(10_000, int(count))) for slot, count in _pairs(first)})
 
 
 def _pairs(flat: list[Any]) -> list[tuple[str, str]]:
@@ -309,13 +318,17 @@ class RedisExchange:
             self.process_id, self._slot_prefix, self.active_window, repr(self.memory_age), repr(self.horizon),
             self._changes_cursor, *(("", "") if self._rates_cursor is None else
                                     (repr(self._rates_cursor[0]), self._rates_cursor[1])), PAGE,
-            len(job.writes), len(job.claims), len(job.asks),
+            len(job.writes), len(job.claims), len(job.asks), len(job.probes), len(job.first),
         ]
         for (kind, slot), value in job.writes.items():
             args += [kind, slot, value, slot_key(slot)]
         for slot, want, rate in job.claims:
             args += [slot, slot_key(slot), want, repr(rate)]
         args += job.asks
+        for slot in job.probes:
+            args += [slot, slot_key(slot)]
+        for slot, limit in job.first:
+            args += [slot, slot_key(slot), limit]
         for slot in job.active:
             args += [slot, slot_key(slot)]
         return args

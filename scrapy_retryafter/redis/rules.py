@@ -26,10 +26,11 @@ import uuid
 from collections.abc import Callable
 
 from ..board import CooldownBoard, Random, SlotState
-from ..breaker import CLOSED, Breaker
+from ..breaker import CLOSED, HALF_OPEN, Breaker
 from ..policy import SlotPolicy
 from ..rate import MARGIN, RateController
 from .exchange import Reply, Writes
+from .contact import FirstContact
 from .leases import Leases
 
 __all__ = ["FleetRules"]
@@ -54,12 +55,21 @@ class FleetRules(CooldownBoard):
         pace_memory: float = 600.0,
         policy: Callable[[str], SlotPolicy] = lambda slot: _DEFAULT_POLICY,
         refresh: float = 0.1,
+        grant_wait: float = 1.0,
+        first_contact: int = 0,
     ) -> None:
         super().__init__(clock=clock, rng=rng, pace_memory=pace_memory)
         self.policy = policy
         """The slot's local rules: what the fleet says is bounded by them (cap, circuit time, wake spread)."""
         self.process_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.leases = Leases(refresh)
+        self.grant_wait = grant_wait
+        """How long a paced slot waits for a grant the fleet owes it before sending on its own
+        (by then an exchange that does not answer has made the board lost)."""
+        self._probes: dict[str, float] = {}
+        """Slots whose circuit expired here, asking to send the fleet's one probe (since when)."""
+        self._probe_won: set[str] = set()
+        self.contact = FirstContact(first_contact)
         self._writes: Writes = {}
         """Events for the fleet, sent with the next exchange: (kind, slot) -> value."""
         self._active: dict[str, float] = {}
@@ -131,6 +141,12 @@ class FleetRules(CooldownBoard):
                 self._remote_circuit(slot, got + opened, now)
             elif slot in self._slots:
                 self._remote_close(slot, sent)
+        for slot in reply.probes:
+            self._probe_granted(slot, now)
+        for slot, count in reply.first.items():
+            if self.contact.granted(slot, count):
+                self.on_sooner(slot)
+                self.on_wake(now)
         if reply.snapshot:
             for slot in [slot for slot in self._slots if slot not in reply.circuits]:
                 self._remote_close(slot, sent)
@@ -188,6 +204,15 @@ class FleetRules(CooldownBoard):
             if was_closed:
                 self.on_remote_circuit(slot, True)
 
+    def _probe_granted(self, slot: str, now: float) -> None:
+        state = self._slots.get(slot)
+        breaker = state.breaker if state is not None else None
+        if breaker is None or breaker.state == CLOSED or breaker.probing or breaker.opened_until > now:
+            return  # closed meanwhile, or another process's probe is listed now
+        self._probe_won.add(slot)
+        self.on_sooner(slot)
+        self.on_wake(now)
+
     def _remote_close(self, slot: str, sent: float) -> None:
         """The fleet lists no open circuit for the slot: one open here before the exchange left closes."""
         state = self._slots[slot]
@@ -200,6 +225,7 @@ class FleetRules(CooldownBoard):
         self._opened_at.pop(slot, None)
         state.next_paced = min(state.next_paced, self.clock())
         self.on_remote_circuit(slot, False)
+        self.on_sooner(slot)  # the queue held it until the circuit's time: it may send now
 
     def _adopt_rate(self, slot: str, rate: float, now: float, cut: bool) -> None:
         """Follow the fleet's pace: a cut restarts the cubic curve here, growth is taken as is.
@@ -229,15 +255,17 @@ class FleetRules(CooldownBoard):
         state = self._slots[slot]
         first = self.leases.drop_before(slot, state.cooldown_until)
         if state.pace is not None:
-            spread = self.rng.random() * self.share(slot) / state.pace.rate
-            if not self.lost:
-                spread += self.leases.horizon  # a granted time comes first
+            if self.lost:
+                spread = self.rng.random() * self.share(slot) / state.pace.rate
+            else:
+                spread = self.grant_wait  # the fleet's grant comes first: no send of its own
             state.next_paced = first if first is not None else state.cooldown_until + spread
 
     def forgot(self, slot: str) -> None:
         """Nothing kept per slot beside the board outlives it."""
-        for kept in (self._active, self._shares, self._opened_at, self._published, self._met):
+        for kept in (self._active, self._shares, self._opened_at, self._published, self._met, self._probes):
             kept.pop(slot, None)
+        self._probe_won.discard(slot)
         self.leases.forget(slot)
 
     def __contains__(self, slot: str) -> bool:
@@ -251,6 +279,9 @@ class FleetRules(CooldownBoard):
         """
         if slot in self._slots:
             return True
+        if not self.lost and self.contact.holds(slot, self.clock()):
+            self._slots[slot] = SlotState()  # dropped by the board meanwhile: still held
+            return True
         if slot not in self._met:
             self._met[slot] = None
             if len(self._met) > MET_MEMORY:
@@ -263,6 +294,10 @@ class FleetRules(CooldownBoard):
                     self._remote_cooldown(slot, elsewhere[0] - now)
                 self._remote_circuit(slot, elsewhere[1], now)
                 return slot in self._slots
+            if not self.lost and self.contact.meet(slot, self.clock()):
+                self._slots[slot] = SlotState()  # held until the fleet grants first-contact sends
+                self._news()
+                return True
         return False
 
     def sweep(self) -> int:
@@ -270,6 +305,7 @@ class FleetRules(CooldownBoard):
         now = self.clock()
         for slot in [slot for slot, (cool, circuit) in self._elsewhere.items() if max(cool, circuit) <= now]:
             del self._elsewhere[slot]
+        self.contact.sweep(now)
         return super().sweep()
 
     # -- the board's events, published ---------------------------------------
@@ -283,6 +319,7 @@ class FleetRules(CooldownBoard):
         return added
 
     def breaker_throttled(self, slot: str, sent_at: float, threshold: int, open_seconds: float) -> bool:
+        self._heard_from(slot)
         opened = super().breaker_throttled(slot, sent_at, threshold, open_seconds)
         if opened:
             self._opened_at[slot] = self.clock()
@@ -304,6 +341,7 @@ class FleetRules(CooldownBoard):
         super().released(slot)
         now = self.clock()
         self._active[slot] = now
+        self.contact.sent(slot)
         if state is not None and state.pace is not None:
             if self.lost:
                 self.leases.drop(slot)  # paced on this process's share alone
@@ -311,19 +349,37 @@ class FleetRules(CooldownBoard):
                 self._next_granted(slot, state, self.leases.used(slot, now), now)
         if state is not None and state.breaker is not None and state.breaker.probing and not probing:
             # This process sends the probe: the rest of the fleet holds meanwhile.
+            self._probe_won.discard(slot)
+            self._probes.pop(slot, None)
             self._opened_at[slot] = now
             self._write("open", slot, state.breaker.opened_until - now)
             self._news()
 
     def ready_at(self, slot: str, held: int = 1) -> float:
         state = self._slots.get(slot)
+        if not self.lost and self.contact.holds(slot, self.clock()):
+            self._active[slot] = now = self.clock()
+            if state is None:
+                self._slots[slot] = SlotState()
+            return now + self.leases.horizon  # a first contact the fleet has not granted
         if state is not None:
             now = self.clock()
             self._active[slot] = now
             if state.pace is not None:
                 self.leases.want(slot, held, now)
                 self._skip_late_leases(slot, state, now)
-        return super().ready_at(slot, held)
+        when = super().ready_at(slot, held)
+        if state is None or state.breaker is None or self.lost or when > self.clock():
+            return when
+        breaker = state.breaker
+        if breaker.state == HALF_OPEN and not breaker.probing and slot not in self._probe_won:
+            # The fleet sends one probe: this process only once Redis gave it the claim.
+            now = self.clock()
+            if slot not in self._probes:
+                self._probes[slot] = now
+                self._news()
+            return now + self.leases.horizon
+        return when
 
     def _skip_late_leases(self, slot: str, state: SlotState, now: float) -> None:
         """Give up granted send times this process is too late for (its loop stalled).
@@ -342,10 +398,17 @@ class FleetRules(CooldownBoard):
     def _next_granted(self, slot: str, state: SlotState, granted: float | None, now: float) -> None:
         """The slot's next send: its next granted time, or a fallback if none comes by then."""
         assert state.pace is not None
-        wait = max(self.share(slot) / state.pace.rate, self.leases.horizon)
+        wait = max(self.share(slot) / state.pace.rate, self.grant_wait)  # no send without the fleet's grant
         state.next_paced = granted if granted is not None else now + wait
 
+    def _heard_from(self, slot: str) -> None:
+        """A response from the slot: if the fleet was waiting for one, it hears of it now."""
+        if self.contact.answered(slot):
+            self._write("seen", slot, "1")
+            self._news()
+
     def throttled(self, slot: str, sent_at: float, beta: float = 0.7) -> float | None:
+        self._heard_from(slot)
         rate = super().throttled(slot, sent_at, beta)
         if rate is not None:
             self._active[slot] = self.clock()
@@ -355,6 +418,7 @@ class FleetRules(CooldownBoard):
         return rate
 
     def succeeded(self, slot: str) -> bool:
+        self._heard_from(slot)
         sooner = super().succeeded(slot)
         rate = self.rate(slot)
         if rate is not None and abs(rate - self._published.get(slot, 0.0)) > 0.01 * rate:

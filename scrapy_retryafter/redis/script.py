@@ -12,6 +12,8 @@ CIRCUIT_MEMORY = 3600
 """Seconds an expired circuit stays listed (the queue reads it; the board treats it as half-open)."""
 CHANGES_MEMORY = 60
 """Seconds a change of a cooldown or circuit stays indexed; a process further behind reads them all again."""
+PROBE_CLAIM = 5000
+"""Milliseconds a process holds the fleet's probe of a circuit before sending it (then the circuit lists it)."""
 PAGE = 1000
 """Changes read per exchange at most; more are read by the next exchange, at once."""
 MAX_RATE = 10_000.0
@@ -19,9 +21,11 @@ MAX_RATE = 10_000.0
 
 # KEYS: cooldowns, circuits, rates, rates by update time, changes, news channel.
 # ARGV: process, per-slot key prefix, sender window, rate age, lease horizon, changes cursor,
-#       rates cursor (time), rates cursor (slot), page, how many writes, claims, asks,
+#       rates cursor (time), rates cursor (slot), page, how many writes, claims, asks, probes,
 #       then writes (kind, slot, value, slot key), claims (slot, slot key, how many, rate),
-#       asks (slot: its rate, for a slot this process meets), then the slots it sends to (slot, slot key).
+#       asks (slot: its rate, for a slot this process meets), probes (slot, slot key: the one
+#       probe of a circuit that expired), first contacts (slot, slot key, how many), then the
+#       slots it sends to (slot, slot key).
 EXCHANGE = """
 local function num(v)
   local n = tonumber(v)
@@ -37,9 +41,10 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local me, slot_prefix, window, age = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local horizon, page = tonumber(ARGV[5]), tonumber(ARGV[9])
-local nwrites, nclaims, nasks = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local nwrites, nclaims, nasks, nprobes = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+local nfirst = tonumber(ARGV[14])
 local invalid = 0
-local i = 13
+local i = 15
 local news = 0
 for _ = 1, nwrites do
   local kind, slot, value, key = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
@@ -54,6 +59,12 @@ for _ = 1, nwrites do
     redis.call('HSET', KEYS[3], slot, value .. ' ' .. me)
     redis.call('ZADD', KEYS[4], now, slot)
     news = news + 1
+  elseif kind == 'seen' then
+    local contact = slot_prefix .. 'contact:' .. key
+    if redis.call('TYPE', contact)['ok'] ~= 'hash' then redis.call('DEL', contact) end
+    if redis.call('HSETNX', contact, 'seen', '1') == 1 then news = news + 1 end
+    redis.call('HSET', contact, 'slot', slot)
+    redis.call('EXPIRE', contact, 3600)
   elseif kind == 'leave' then
     if redis.call('TYPE', slot_prefix .. 'senders:' .. key)['ok'] == 'zset' then
       redis.call('ZREM', slot_prefix .. 'senders:' .. key, me)
@@ -104,6 +115,38 @@ for _ = 1, nasks do
     asked[#asked + 1] = at
   end
   i = i + 1
+end
+-- One probe for the fleet: to the first process to ask once the circuit expired, for
+-- PROBE_CLAIM ms (it publishes the probe's hold as an open circuit when it sends it).
+local probes = {}
+for _ = 1, nprobes do
+  local slot, key = ARGV[i], slot_prefix .. 'probe:' .. ARGV[i + 1]
+  if (num(redis.call('ZSCORE', KEYS[2], slot)) or 0) <= now then
+    if redis.call('SET', key, me, 'NX', 'PX', PROBE_CLAIM) or redis.pcall('GET', key) == me then
+      probes[#probes + 1] = slot
+    end
+  end
+  i = i + 2
+end
+-- First contact: until one process had a response from the host, the fleet sends it at most
+-- ``limit`` requests; -1 once it has.
+local first = {}
+for _ = 1, nfirst do
+  local slot, key, limit = ARGV[i], slot_prefix .. 'contact:' .. ARGV[i + 1], tonumber(ARGV[i + 2])
+  if redis.call('TYPE', key)['ok'] ~= 'hash' then
+    if redis.call('EXISTS', key) == 1 then invalid = invalid + 1 end
+    redis.call('DEL', key)
+  end
+  local n = -1
+  if not redis.call('HGET', key, 'seen') then
+    local used = math.max(0, num(redis.call('HGET', key, 'first')) or 0)
+    n = math.max(0, limit - used)
+    redis.call('HSET', key, 'first', tostring(used + n), 'slot', slot)
+    redis.call('EXPIRE', key, 3600)
+  end
+  first[#first + 1] = slot
+  first[#first + 1] = tostring(n)
+  i = i + 3
 end
 local counts = {}
 for j = i, #ARGV, 2 do
@@ -164,5 +207,8 @@ while #rates < 3 * page do
 end
 if #rates >= 3 * page then more = 1 end
 return {changed, rates, counts, leases, string.format('%.6f', now), snapshot and 1 or 0, more, invalid, asked,
-        cooling, circuits, string.format('%.17g', rate_since), rate_since == num(ARGV[7]) and rate_slot or ''}
-""".replace("CIRCUIT_MEMORY", str(CIRCUIT_MEMORY)).replace("CHANGES_MEMORY", str(CHANGES_MEMORY))
+        cooling, circuits, string.format('%.17g', rate_since), rate_since == num(ARGV[7]) and rate_slot or '',
+        probes, first}
+""".replace("CIRCUIT_MEMORY", str(CIRCUIT_MEMORY)).replace("CHANGES_MEMORY", str(CHANGES_MEMORY)).replace(
+    "PROBE_CLAIM", str(PROBE_CLAIM)
+)
