@@ -30,7 +30,6 @@ asyncioreactor.install()
 
 from twisted.internet import defer  # noqa: E402
 
-
 from scrapy_retryafter.testing.fleet import Member, run_fleet, run_on_reactor  # noqa: E402
 from scrapy_retryafter.testing.redis_server import RedisServer  # noqa: E402
 from scrapy_retryafter.testing.server import Host, HostConfig, ThrottlingServer  # noqa: E402
@@ -100,8 +99,8 @@ async def main(args: argparse.Namespace) -> None:
     finally:
         redis.kill()
     print()
-    print(f"{args.pages} pages, hosts at {LIMIT:g} requests/s each with no burst, Retry-After 2; both fleets at once "
-          f"on hosts of their own (medians of {args.repeat}; a fleet still crawling after {args.timeout:g} s is stopped)")
+    print(f"{args.pages} pages, hosts at {LIMIT:g} requests/s each with no burst, Retry-After 2; both fleets at "
+          f"once on hosts of their own (medians of {args.repeat}; a fleet crawling after {args.timeout:g} s is stopped)")
     print("| hosts | processes | boards | pages | pages/s | of the limit | 429s | 429 % | 429s in 1st s "
           "| seconds | × ideal |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

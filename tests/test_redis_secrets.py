@@ -47,6 +47,7 @@ def test_no_password_in_the_start_line_the_lost_and_back_warnings(locked_redis, 
         "RETRY_AFTER_REDIS_URL": url, "REDIS_PARAMS": params, "RETRY_AFTER_REDIS_PREFIX": f"secret-{time.time_ns()}",
         "RETRY_AFTER_PARKING": False,  # nothing to park, and no park file in the checkout
     })
+    crawler.engine = None  # no crawl: nothing in a downloader to send back on a cooldown heard of
     extension = RetryAfterExtension.from_crawler(crawler)
     board = extension.board
     assert isinstance(board, RedisBoard)

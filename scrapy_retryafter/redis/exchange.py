@@ -146,7 +146,8 @@ def _seconds(raw: str, low: float, high: float) -> float | None:
 
 def read_reply(raw: Any, horizon: float) -> Reply:
     """Check every value of the script's answer: garbage is counted and left out, never raised."""
-    changed, rates, counts, leases, server_now, snapshot, more, invalid, asked, cooling, opened, *since, probes, first = raw
+    changed, rates, counts, leases, server_now, snapshot, more, invalid, asked, cooling, opened, *rest = raw
+    since, probes, first = rest[:2], rest[2], rest[3]
     invalid = int(invalid)
     now = float(_text(server_now))
     texts = [_text(item) for item in changed]

@@ -18,6 +18,8 @@ LEASE_AHEAD = 3
 """Refresh periods of paced sends a process books ahead (so it never idles between exchanges)."""
 WANT_MEMORY = 1.0
 """Seconds a slot's last request for sends counts: an emptied queue stops booking."""
+SAME = 0.05
+"""A granted time this close before the cooldown's end is the grant at its end."""
 USED = 0.001
 """A granted time this close ahead counts as the one just used."""
 
@@ -72,8 +74,9 @@ class Leases:
     def add(self, slot: str, times: list[float], not_before: float) -> float | None:
         """Keep the granted ``times`` not inside the slot's cooldown; the slot's next one."""
         granted = self._granted.setdefault(slot, collections.deque())
-        # A claim that crossed this process's own throttle on the way may fall inside the cooldown.
-        granted.extend(t for t in times if t >= not_before)
+        # A claim that crossed this process's own throttle on the way may fall inside the cooldown;
+        # the grant at the cooldown's end may read a little before it (Redis time to local time).
+        granted.extend(max(t, not_before) for t in times if t >= not_before - SAME)
         if not granted:
             del self._granted[slot]
             return None
