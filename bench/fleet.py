@@ -100,7 +100,7 @@ async def main(args: argparse.Namespace) -> None:
         redis.kill()
     print()
     print(f"{args.pages} pages, hosts at {LIMIT:g} requests/s each with no burst, Retry-After 2; both fleets at "
-          f"once on hosts of their own (medians of {args.repeat}; a fleet crawling after {args.timeout:g} s is stopped)")
+          f"once on hosts of their own (medians of {args.repeat}; stopped after {args.timeout:g} s)")
     print("| hosts | processes | boards | pages | pages/s | of the limit | 429s | 429 % | 429s in 1st s "
           "| seconds | × ideal |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

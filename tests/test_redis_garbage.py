@@ -39,7 +39,8 @@ def plant_rate(client, prefix: str, slot: str, value: str, at: float | None = No
     client.zadd(f"{prefix}:rate:at", {slot: at if at is not None else seconds + micros / 1e6})
 
 
-@pytest.mark.parametrize("value", ["0:cut other", "0:grow other", "garbage:cut other", "nan:cut other", "inf:grow other",
+@pytest.mark.parametrize("value", ["0:cut other", "0:grow other", "garbage:cut other", "nan:cut other",
+                                   "inf:grow other",
                                    "-3:cut other", "1e400:cut other", "0.5 other 1700000000.0", "", "5:cut"])
 def test_a_garbage_rate_is_ignored_and_counted(redis_server, prefix, value):
     client = redis_server.client()
