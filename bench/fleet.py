@@ -1,15 +1,19 @@
-"""A fleet of crawler processes against one throttled host: shared Redis board vs one board each.
+"""A fleet of crawler processes on shared hosts: one Redis board against one board each.
 
-    python bench/fleet.py [--pages 300] [--processes 2] [--repeat 1]
+    python bench/fleet.py [--processes 2,4,8] [--hosts 1,4] [--pages 600] [--repeat 1]
 
 Needs redis-server on PATH and the redis package (pip install -e '.[redis]').
-The throttling server runs in this process (10 requests/s token bucket,
-Retry-After: 2 with a 2 s penalty) and logs every arrival with the
-User-Agent naming the crawler process that sent it. Each round runs the
-fleet with independent boards, then with the Redis board, side by side, and
-prints the 429s of each, their ratio, and how many requests one process sent
-to the host from 250 ms after another process was told 429 until that
-cooldown ended (acceptance: 0).
+The throttling server runs in this process: every host allows 10 requests/s
+with no burst (a token bucket of one) and answers a request over it with 429
+and Retry-After: 2 (a 2 s penalty). The processes are one spider with one
+project directory, each crawling its share of the pages (``--pages`` in all,
+spread over the hosts); each parks in a file of its own. For every count of
+processes and hosts, the fleet runs with independent boards and then with the
+Redis board, both at once on hosts of their own, and the table gives:
+pages fetched, pages/s and its fraction of the hosts' limit, responses 429
+(and those in the first second, before anyone knows the limit), and the time
+from the first request to the last page against the ideal (pages / limit).
+Acceptance for the Redis board: >= 0.85 of the limit, <= 3 % responses 429.
 """
 
 from __future__ import annotations
@@ -24,72 +28,98 @@ from twisted.internet import asyncioreactor
 
 asyncioreactor.install()
 
+from twisted.internet import defer  # noqa: E402
 
-from scrapy_retryafter.testing.fleet import Member, run_fleet, run_on_reactor, sends_inside_cooldowns  # noqa: E402
+from scrapy_retryafter.testing.fleet import Member, run_fleet, run_on_reactor  # noqa: E402
 from scrapy_retryafter.testing.redis_server import RedisServer  # noqa: E402
-from scrapy_retryafter.testing.server import HostConfig, ThrottlingServer  # noqa: E402
+from scrapy_retryafter.testing.server import Host, HostConfig, ThrottlingServer  # noqa: E402
 
-ADDON = {"ADDONS": {"scrapy_retryafter.Addon": 500}}
+ADDON = {"ADDONS": {"scrapy_retryafter.Addon": 500}, "RETRY_AFTER_MAX_RETRIES": 30}
+LIMIT = 10.0
+BOARDS = ("independent", "Redis board")
 
 
-async def one_fleet(pages: int, processes: int, settings: dict[str, Any]) -> dict[str, Any]:
-    server = ThrottlingServer()
-    host = server.add_host(HostConfig(rate=10, penalty=2.0))
-    server.start()
-    urls = [host.url(f"/page/{i}") for i in range(pages)]
-    members = [
-        Member(name=chr(ord("A") + i), urls=urls[i::processes], settings={**ADDON, **settings})
-        for i in range(processes)
-    ]
-    await run_fleet(members, timeout=600)
-    await server.stop()
-    arrivals = server.arrivals(host)
-    fetched = {url for member in members for url in member.fetched}
+def measure(server: ThrottlingServer, hosts: list[Host], members: list[Member], pages: int) -> dict[str, Any]:
+    addresses = {host.address for host in hosts}
+    arrivals = sorted((a for a in server.arrivals() if a.host in addresses), key=lambda a: a.t)
+    served = [a for a in arrivals if a.status == 200]
+    throttled = [a for a in arrivals if a.status == 429]
+    start = arrivals[0].t if arrivals else 0.0
+    seconds = (served[-1].t - start) if served else float("inf")
+    limit = LIMIT * len(hosts)
     return {
-        "pages": len(fetched),
-        "429s": len(server.arrivals(host, status=429)),
-        "inside": len(sends_inside_cooldowns(arrivals)),
-        "seconds": max(member.seconds for member in members),
+        "pages": len({url for member in members for url in member.fetched}),
+        "rate": len(served) / seconds if seconds else 0.0,
+        "fraction": len(served) / seconds / limit if seconds else 0.0,
+        "429s": len(throttled),
+        "429%": 100 * len(throttled) / max(1, len(arrivals)),
+        "first_second_429s": sum(1 for a in throttled if a.t < start + 1.0),
+        "seconds": seconds,
+        "vs_ideal": seconds / (pages / limit),
         "ok": all(member.returncode == 0 for member in members),
     }
 
 
+async def side_by_side(pages: int, processes: int, hosts: int, redis_url: str, prefix: str,
+                       timeout: float) -> dict[str, dict[str, Any]]:
+    """The same fleet twice at once, on hosts of its own each: independent boards, and the Redis board."""
+    server = ThrottlingServer()
+    limited = {label: [server.add_host(HostConfig(rate=LIMIT, penalty=2.0)) for _ in range(hosts)] for label in BOARDS}
+    server.start()
+    fleets: dict[str, list[Member]] = {}
+    for label, own in limited.items():
+        settings = {**ADDON, **({} if label == "independent" else {
+            "RETRY_AFTER_REDIS_URL": redis_url, "RETRY_AFTER_REDIS_PREFIX": prefix})}
+        urls = [own[n % hosts].url(f"/page/{n}") for n in range(pages)]
+        fleets[label] = [
+            Member(name=f"{label[0]}{i}", urls=urls[i::processes], settings=settings) for i in range(processes)
+        ]
+    await defer.gatherResults([
+        defer.ensureDeferred(run_fleet(members, timeout=timeout)) for members in fleets.values()
+    ])
+    await server.stop()
+    return {label: measure(server, limited[label], fleets[label], pages) for label in BOARDS}
+
+
 async def main(args: argparse.Namespace) -> None:
     redis = RedisServer(Path(tempfile.mkdtemp(prefix="bench-redis-"))).start()
-    rounds: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    table: list[tuple[int, int, str, list[dict[str, Any]]]] = []
     try:
-        for round_number in range(args.repeat):
-            alone = await one_fleet(args.pages, args.processes, {})
-            shared = await one_fleet(
-                args.pages, args.processes,
-                {"RETRY_AFTER_REDIS_URL": redis.url, "RETRY_AFTER_REDIS_PREFIX": f"bench{round_number}"},
-            )
-            rounds.append((alone, shared))
-            print(f"round {round_number + 1}: independent {alone}  redis {shared}", flush=True)
+        for hosts in args.hosts:
+            for processes in args.processes:
+                runs: dict[str, list[dict[str, Any]]] = {label: [] for label in BOARDS}
+                for round_number in range(args.repeat):
+                    prefix = f"bench-{hosts}-{processes}-{round_number}"
+                    results = await side_by_side(args.pages, processes, hosts, redis.url, prefix, args.timeout)
+                    for label, result in results.items():
+                        runs[label].append(result)
+                        print(f"{hosts} host(s), {processes} processes, {label}: {result}", flush=True)
+                for label, results_of in runs.items():
+                    table.append((hosts, processes, label, results_of))
     finally:
         redis.kill()
     print()
-    print(f"{args.processes} processes, {args.pages} pages, one host at 10 requests/s, Retry-After 2 "
-          f"(medians of {args.repeat})")
-    print("| boards | pages | responses 429 | sends inside another's cooldown | seconds |")
-    print("|---|---|---|---|---|")
-    for label, index in (("independent", 0), ("Redis board", 1)):
-        runs = [pair[index] for pair in rounds]
-        print(
-            f"| {label} | {statistics.median(r['pages'] for r in runs):.0f} / {args.pages} "
-            f"| {statistics.median(r['429s'] for r in runs):.0f} "
-            f"| {statistics.median(r['inside'] for r in runs):.0f} "
-            f"| {statistics.median(r['seconds'] for r in runs):.1f} |"
-        )
-    ratio = statistics.median(shared["429s"] / max(1, alone["429s"]) for alone, shared in rounds)
-    print(f"\n429s with the Redis board / independent boards: {ratio:.2f} (target <= 0.33)")
+    print(f"{args.pages} pages, hosts at {LIMIT:g} requests/s each with no burst, Retry-After 2; both fleets at "
+          f"once on hosts of their own (medians of {args.repeat}; stopped after {args.timeout:g} s)")
+    print("| hosts | processes | boards | pages | pages/s | of the limit | 429s | 429 % | 429s in 1st s "
+          "| seconds | × ideal |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for hosts, processes, label, results in table:
+        def median(key: str) -> float:
+            return statistics.median(r[key] for r in results)
+
+        print(f"| {hosts} | {processes} | {label} | {median('pages'):.0f} / {args.pages} | {median('rate'):.2f} "
+              f"| {median('fraction'):.2f} | {median('429s'):.0f} | {median('429%'):.1f} "
+              f"| {median('first_second_429s'):.0f} | {median('seconds'):.1f} | {median('vs_ideal'):.2f} |")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pages", type=int, default=300)
-    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--pages", type=int, default=600)
+    parser.add_argument("--processes", type=lambda text: [int(n) for n in text.split(",")], default=[2, 4, 8])
+    parser.add_argument("--hosts", type=lambda text: [int(n) for n in text.split(",")], default=[1, 4])
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=240.0, help="seconds a fleet may crawl")
     arguments = parser.parse_args()
 
     run_on_reactor(lambda: main(arguments))

@@ -21,7 +21,7 @@ from .extension import RetryAfterExtension
 from .logstats import RetryAfterLogStats
 from .middleware import RetryAfterMiddleware
 from .pqueue import CooldownAwarePriorityQueue
-from .redis_queue import CooldownAwareRedisQueue
+from .redis.queue import CooldownAwareRedisQueue
 from .retry import RetryMiddleware
 from .scrapy_compat import scheduler_state_file
 from .settings import load_config
@@ -34,9 +34,9 @@ __all__ = ["Addon"]
 logger = logging.getLogger(__name__)
 
 _QUEUE = "scrapy_retryafter.CooldownAwarePriorityQueue"
-_REDIS_QUEUE = "scrapy_retryafter.redis_queue.CooldownAwareRedisQueue"
+_REDIS_QUEUE = "scrapy_retryafter.redis.queue.CooldownAwareRedisQueue"
 _REDIS_DUPEFILTER = "scrapy_redis.dupefilter.RFPDupeFilter"
-_TOLERANT_DUPEFILTER = "scrapy_retryafter.redis_dupefilter.OutageTolerantDupeFilter"
+_TOLERANT_DUPEFILTER = "scrapy_retryafter.redis.dupefilter.OutageTolerantDupeFilter"
 _STOCK_RETRY = "scrapy.downloadermiddlewares.retry.RetryMiddleware"
 
 

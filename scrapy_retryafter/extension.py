@@ -142,10 +142,15 @@ class RetryAfterExtension:
     def _make_board(self, config: Config, clock: Any) -> CooldownBoard:
         if config.redis is None:
             return CooldownBoard(clock=clock)
-        from .redis_board import RedisBoard
+        from .redis.board import RedisBoard
 
-        board = RedisBoard(config.redis, clock=clock, jitter=lambda slot: config.policy_for(slot).wake_jitter)
+        board = RedisBoard(
+            config.redis, clock=clock, policy=config.policy_for,
+            first_contact=self.crawler.settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN"),
+        )
         board.on_remote_cool = self._remote_cool
+        board.on_remote_refusal = self._remote_refusal
+        board.on_invalid = lambda count: self.stats.inc_value("retry_after/redis/invalid", count)
         board.on_remote_circuit = self._remote_circuit
         board.on_lost = self._redis_lost
         board.on_back = self._redis_back
@@ -166,6 +171,15 @@ class RetryAfterExtension:
         )
         self.send_back(slot)
 
+    def _remote_refusal(self, slot: str, seconds: float) -> None:
+        self.stats.inc_value("retry_after/redis/remote_over_cap")
+        logger.warning(
+            "Refusing %(slot)s for %(wait).0fs: another crawler of the fleet cools it longer than "
+            "RETRY_AFTER_MAX_DELAY here (Redis board); its requests are given up as over the cap",
+            {"slot": slot, "wait": seconds},
+            extra={"spider": self.crawler.spider},
+        )
+
     def _remote_circuit(self, slot: str, opened: bool) -> None:
         self.stats.inc_value(f"retry_after/redis/remote_circuit_{'opened' if opened else 'closed'}")
         logger.info(
@@ -182,7 +196,7 @@ class RetryAfterExtension:
         logger.warning(
             "Redis board at %(url)s unreachable (%(error)s): this crawler goes on with its own "
             "cooldowns and reconnects with backoff",
-            {"url": self.config.redis.safe_url, "error": error},
+            {"url": self.config.redis.safe_url, "error": self.config.redis.scrub(str(error))},
             extra={"spider": self.crawler.spider},
         )
 

@@ -2,7 +2,7 @@
 
 Each entry says which Scrapy versions it was checked against (2.13 to 2.19,
 the supported range) and what breaks if Scrapy changes it, so a Scrapy
-upgrade is checked here and nowhere else. redis_queue.py still reads
+upgrade is checked here and nowhere else. redis/queue.py still reads
 ``downloader.slots`` and a slot's ``active``/``concurrency`` itself.
 """
 

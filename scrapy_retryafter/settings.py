@@ -13,7 +13,7 @@ import logging
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -176,27 +176,77 @@ def _policy(base: SlotPolicy, raw: Mapping[str, Any], where: Callable[[str], str
     return policy
 
 
+_SECRET_QUERY = ("password", "pass", "passwd", "pwd", "secret", "token", "auth")
+
+
+def _mask_url(url: str) -> str:
+    """``url`` without any password: userinfo and ``?password=`` (the form redis-py reads for unix://)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "***"
+    rest, query_sep, query = rest.partition("?")
+    location, slash, path = rest.partition("/")
+    if "@" in location:
+        credentials, _, host = location.rpartition("@")
+        user, colon, _ = credentials.partition(":")
+        location = f"{user}:***@{host}" if colon and user else f"***@{host}"
+    if query_sep:
+        pairs = (pair.partition("=") for pair in query.split("&"))
+        query = "&".join(
+            f"{key}{eq}{'***' if _secret_key(key) else value}" for key, eq, value in pairs
+        )
+    return f"{scheme}{sep}{location}{slash}{path}{query_sep}{query}"
+
+
+def _secret_key(key: Any) -> bool:
+    from urllib.parse import unquote
+
+    return unquote(str(key)).lower() in _SECRET_QUERY
+
+
+def _secrets_of(url: str, params: Mapping[str, Any]) -> tuple[str, ...]:
+    """Every password the URL and REDIS_PARAMS carry, as it may show up in a message."""
+    from urllib.parse import unquote
+
+    found: list[str] = []
+    rest, _, query = url.partition("://")[2].partition("?")
+    location = rest.partition("/")[0]
+    if "@" in location:
+        credentials = location.rpartition("@")[0]
+        user, colon, password = credentials.partition(":")
+        found.append(password if colon and user else credentials)
+    for key, _, value in (pair.partition("=") for pair in query.split("&") if query):
+        if _secret_key(key):
+            found.append(value)
+    found += [unquote(secret) for secret in found]
+    found += [str(value) for key, value in params.items() if _secret_key(key) and value]
+    return tuple(sorted({secret for secret in found if secret}, key=len, reverse=True))
+
+
 @dataclass(frozen=True)
 class RedisConfig:
     """Where the fleet's shared board lives, and how hard to try reaching it."""
 
-    url: str
-    params: Mapping[str, Any]
+    url: str = field(repr=False)
+    params: Mapping[str, Any] = field(repr=False)
     """Extra redis-py client arguments (scrapy-redis's REDIS_PARAMS)."""
     prefix: str = "retry_after"
     fallback: bool = False
     refresh: float = 0.1
     timeout: float = 0.5
+    memory_age: float = 604800.0
+    """RETRY_AFTER_MEMORY_AGE: seconds a rate published to the fleet is remembered."""
 
     @property
     def safe_url(self) -> str:
-        """The URL without its password, for messages."""
-        scheme, sep, rest = self.url.partition("://")
-        if "@" not in rest:
-            return self.url
-        credentials, _, location = rest.rpartition("@")
-        user = credentials.partition(":")[0]
-        return f"{scheme}{sep}{user + ':***' if user else '***'}@{location}"
+        """The URL without its password (userinfo or query), for messages."""
+        return _mask_url(self.url)
+
+    def scrub(self, text: str) -> str:
+        """``text`` (an error from redis-py, say) with every password of this config masked."""
+        for secret in _secrets_of(self.url, self.params):
+            text = text.replace(secret, "***")
+        return text
 
 
 @dataclass(frozen=True)
@@ -212,6 +262,8 @@ class Config:
     all_retries: bool = False
     """RETRY_AFTER_ALL_RETRIES: take over Scrapy's retries of RETRY_HTTP_CODES and RETRY_EXCEPTIONS."""
     redis: RedisConfig | None = None
+    memory_age: float = 604800.0
+    """RETRY_AFTER_MEMORY_AGE: seconds a remembered per-host limit lives (the fleet's rates too)."""
 
     def policy_for(self, slot: str) -> SlotPolicy:
         return self.slots.get(slot, self.default)
@@ -272,6 +324,9 @@ _REDIS_FIELDS = {
     "RETRY_AFTER_REDIS_TIMEOUT": "timeout",
 }
 _URL_SCHEMES = ("redis://", "rediss://", "unix://")
+_MEMORY_AGE: _Check = (
+    _number, lambda v: 60 <= v <= 10 * 365 * 86400, "a number of seconds >= 60 and <= 315360000 (ten years)"
+)
 
 _OTHER_SETTINGS = (
     "RETRY_AFTER_ENABLED",
@@ -281,6 +336,7 @@ _OTHER_SETTINGS = (
     "RETRY_AFTER_LOGSTATS_INTERVAL",
     "RETRY_AFTER_ALL_RETRIES",
     "RETRY_AFTER_REDIS_URL",
+    "RETRY_AFTER_MEMORY_AGE",
 )
 KNOWN_SETTINGS: frozenset[str] = frozenset(SETTING_NAMES.values()) | frozenset(_REDIS_FIELDS) | frozenset(_OTHER_SETTINGS)
 """Every setting the package reads. A new setting goes into one of the three
@@ -290,14 +346,16 @@ _MEANT = {"CAP": "RETRY_AFTER_MAX_DELAY", "RETRIES": "RETRY_AFTER_MAX_RETRIES", 
 """Words people reach for that are not close in spelling to the name they mean."""
 
 
-def _redis(get: Callable[[str], Any]) -> RedisConfig | None:
+def _redis(get: Callable[[str], Any], memory_age: float) -> RedisConfig | None:
     """RETRY_AFTER_REDIS_URL, else the Redis a scrapy-redis project already names.
 
     An empty RETRY_AFTER_REDIS_URL keeps the board local even then.
     """
     raw_params = get("REDIS_PARAMS") or {}
     if not isinstance(raw_params, Mapping):
-        raise RetryAfterSettingError(f"REDIS_PARAMS must be a dict of redis-py client arguments; got {raw_params!r}")
+        raise RetryAfterSettingError(
+            f"REDIS_PARAMS must be a dict of redis-py client arguments; got a {type(raw_params).__name__}"
+        )
     params = {key: value for key, value in raw_params.items() if key not in ("redis_cls", "url")}
     url = get("RETRY_AFTER_REDIS_URL")
     name = "RETRY_AFTER_REDIS_URL"
@@ -310,14 +368,15 @@ def _redis(get: Callable[[str], Any]) -> RedisConfig | None:
         return None
     if not isinstance(url, str) or not url.startswith(_URL_SCHEMES):
         raise RetryAfterSettingError(
-            f"{name} must be a Redis URL (redis://host:port/db, rediss://... or unix://...); got {url!r}"
+            f"{name} must be a Redis URL (redis://host:port/db, rediss://... or unix://...); "
+            f"got {_mask_url(url) if isinstance(url, str) else type(url).__name__}"
         )
     values = {
-        field: _checked_with(_REDIS_CHECKS[setting], setting, get(setting))
-        for setting, field in _REDIS_FIELDS.items()
+        key: _checked_with(_REDIS_CHECKS[setting], setting, get(setting))
+        for setting, key in _REDIS_FIELDS.items()
         if get(setting) is not None
     }
-    return RedisConfig(url=url, params=params, **values)
+    return RedisConfig(url=url, params=params, memory_age=memory_age, **values)
 
 
 def _checked_with(check: _Check, name: str, raw: Any) -> Any:
@@ -374,10 +433,12 @@ def _load_config(settings: Mapping[str, Any] | Any) -> Config:
     interval = 30.0 if logstats is None else _interval("RETRY_AFTER_LOGSTATS_INTERVAL", logstats)
     all_retries = get("RETRY_AFTER_ALL_RETRIES")
     all_retries = False if all_retries is None else _bool("RETRY_AFTER_ALL_RETRIES", all_retries)
+    raw_age = get("RETRY_AFTER_MEMORY_AGE")
+    memory_age = 604800.0 if raw_age is None else _checked_with(_MEMORY_AGE, "RETRY_AFTER_MEMORY_AGE", raw_age)
     return Config(
         enabled=enabled, default=default, slots=slots, parking=parking,
         park_file=_park_file(get("RETRY_AFTER_PARK_FILE")), logstats_interval=interval,
-        all_retries=all_retries, redis=_redis(get),
+        all_retries=all_retries, redis=_redis(get, memory_age), memory_age=memory_age,
     )
 
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scrapy_retryafter.outage import BACKOFF_MAX, BACKOFF_MIN, Outage
+from scrapy_retryafter.redis.outage import BACKOFF_MAX, BACKOFF_MIN, Outage
 from scrapy_retryafter.testing.clock import FakeClock
 
 

@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from scrapy_retryafter.breaker import CLOSED, OPEN
 from scrapy_retryafter.rate import MARGIN
-from scrapy_retryafter.redis_board import RedisBoard, RedisBoardUnavailable
+from scrapy_retryafter.redis.board import RedisBoard, RedisBoardUnavailable
+from scrapy_retryafter.redis.exchange import slot_key
 from scrapy_retryafter.settings import RedisConfig
 
 from .redis_fixtures import free_port, own_redis, prefix, redis_server, require_redis  # noqa: F401
@@ -22,6 +23,7 @@ def board(url: str, prefix: str, **kwargs) -> RedisBoard:
     made = RedisBoard(config)
     made.connect()
     made.start()
+    assert SLOT not in made  # a process crawling the shop: it has met the slot
     return made
 
 
@@ -168,9 +170,10 @@ def test_a_process_that_stops_leaves_the_sender_count(pair, redis_server, prefix
     b.cool(SLOT, 0.0)
     b.released(SLOT)
     assert a.sync() and b.sync() and a.sync()
-    assert redis_server.client().zcard(f"{prefix}:active:{SLOT}") == 2
+    senders = f"{prefix}:slot:senders:{slot_key(SLOT)}"
+    assert redis_server.client().zcard(senders) == 2
     a.stop()
-    assert redis_server.client().zcard(f"{prefix}:active:{SLOT}") == 1
+    assert redis_server.client().zcard(senders) == 1
 
 
 def test_unreachable_at_start_is_an_error_naming_the_url():
@@ -227,3 +230,57 @@ def test_redis_lost_then_back_warns_once_and_republishes_local_cooldowns(own_red
         assert set(scores) == {SLOT, "second.example", "third.example"}
     finally:
         a.stop()
+
+
+def test_the_fleet_sends_a_new_host_no_more_than_the_first_contact_limit_until_one_answers(redis_server, prefix):
+    config = RedisConfig(url=redis_server.url, params={}, prefix=prefix)
+    fleet = [RedisBoard(config, first_contact=4) for _ in range(3)]
+    try:
+        for each in fleet:
+            each.connect()
+            each.start()
+            assert "new.example" in each
+        for each in fleet:
+            assert each.sync()
+        sends = 0
+        for each in fleet:
+            while each.ready_at("new.example") == 0.0 and sends < 50:
+                each.released("new.example")
+                sends += 1
+        assert sends == 4
+        fleet[0].succeeded("new.example")
+        for each in fleet:
+            assert each.sync()
+        assert all(each.ready_at("new.example") == 0.0 for each in fleet)
+    finally:
+        for each in fleet:
+            each.stop()
+
+
+def test_one_probe_for_the_fleet_when_a_circuit_expires(redis_server, prefix):
+    config = RedisConfig(url=redis_server.url, params={}, prefix=prefix)
+    fleet = [RedisBoard(config) for _ in range(3)]
+    try:
+        for each in fleet:
+            each.connect()
+            each.start()
+            assert SLOT not in each
+        assert fleet[0].breaker_throttled(SLOT, fleet[0].clock(), threshold=1, open_seconds=0.5)
+        for each in fleet:
+            assert each.sync()
+        time.sleep(0.6)
+        for each in fleet:
+            assert each.ready_at(SLOT) > each.clock()  # half-open: ask the fleet for the probe
+        for each in fleet:
+            assert each.sync()
+        probing = [each for each in fleet if each.ready_at(SLOT) == 0.0]
+        assert len(probing) == 1
+        probing[0].released(SLOT)
+        assert probing[0].sync()  # its hold is in Redis before the others read
+        for each in fleet:
+            assert each.sync()
+        holds = [(each.ready_at(SLOT) - each.clock(), each.breaker_state(SLOT), fleet.index(probing[0])) for each in fleet]
+        assert all(hold > 100 for hold, _, _ in holds), holds  # the probe's hold
+    finally:
+        for each in fleet:
+            each.stop()

@@ -7,7 +7,7 @@ import pytest_twisted
 from scrapy import Request
 from twisted.internet import defer
 
-from scrapy_retryafter.redis_board import RedisBoardUnavailable
+from scrapy_retryafter.redis.board import RedisBoardUnavailable
 from scrapy_retryafter.testing.fleet import Member, pause, run_fleet, sends_inside_cooldowns
 from scrapy_retryafter.testing.server import HostConfig
 

@@ -31,8 +31,8 @@ def test_while_redis_is_down_unseen_requests_pass_and_their_fingerprints_are_add
 ):
     import redis
 
-    from scrapy_retryafter.redis_dupefilter import OutageTolerantDupeFilter
-    from scrapy_retryafter.redis_link import FrontierLink
+    from scrapy_retryafter.redis.dupefilter import OutageTolerantDupeFilter
+    from scrapy_retryafter.redis.link import FrontierLink
 
     server = redis.Redis(port=own_redis.port)
     clock = Clock()

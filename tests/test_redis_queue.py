@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from scrapy_retryafter.redis_queue import SlotFrontier
+from scrapy_retryafter.redis.queue import SlotFrontier
 
 from .redis_fixtures import prefix, redis_server, require_redis  # noqa: F401
 

@@ -79,7 +79,7 @@ def test_a_password_never_reaches_a_message():
     assert redis.safe_url == "redis://user:***@h:6379/0"
 
 
-REDIS_QUEUE = "scrapy_retryafter.redis_queue.CooldownAwareRedisQueue"
+REDIS_QUEUE = "scrapy_retryafter.redis.queue.CooldownAwareRedisQueue"
 
 
 def test_the_addon_gives_scrapy_redis_scheduler_the_cooldown_aware_queue(caplog):
@@ -108,7 +108,7 @@ def test_a_project_scheduler_queue_class_is_kept_with_a_warning(url, board, capl
 @pytest.mark.parametrize(
     ("project", "expected"),
     [
-        ("scrapy_redis.dupefilter.RFPDupeFilter", "scrapy_retryafter.redis_dupefilter.OutageTolerantDupeFilter"),
+        ("scrapy_redis.dupefilter.RFPDupeFilter", "scrapy_retryafter.redis.dupefilter.OutageTolerantDupeFilter"),
         ("myproject.dupefilters.Mine", "myproject.dupefilters.Mine"),  # a project's own is kept
     ],
 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,14 @@ def free_port() -> int:
 class RedisServer:
     """One redis-server process; kill() and start() again on the same port to play an outage."""
 
-    def __init__(self, workdir: Path, appendonly: bool = False) -> None:
+    def __init__(self, workdir: Path, appendonly: bool = False, password: str | None = None) -> None:
         self.port = free_port()
         self.workdir = workdir
         self.appendonly = appendonly
+        self.password = password
+        """requirepass: clients must authenticate (the secret-masking tests)."""
+        self.socket = Path(tempfile.mkdtemp(prefix="redis-")) / "sock"
+        """A short path: a unix socket's may not pass 107 bytes (the test's own directory may)."""
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -40,6 +45,8 @@ class RedisServer:
                 "redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always",
                 "--dir", str(self.workdir), "--daemonize", "no", "--loglevel", "warning",
+                "--unixsocket", str(self.socket), "--unixsocketperm", "700",
+                *(["--requirepass", self.password] if self.password else []),
             ],
             stdout=subprocess.DEVNULL,
         )
@@ -54,7 +61,8 @@ class RedisServer:
         import redis
 
         try:
-            return bool(redis.Redis(port=self.port, socket_timeout=0.2, socket_connect_timeout=0.2).ping())
+            client = redis.Redis(port=self.port, password=self.password, socket_timeout=0.2, socket_connect_timeout=0.2)
+            return bool(client.ping())
         except redis.RedisError:
             return False
 
@@ -67,4 +75,4 @@ class RedisServer:
     def client(self) -> Any:
         import redis
 
-        return redis.Redis(port=self.port, decode_responses=True)
+        return redis.Redis(port=self.port, password=self.password, decode_responses=True)

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 
-from .failures import NOT_BEFORE
-from .redis_link import FrontierLink, FrontierUnreachable
+from ..failures import NOT_BEFORE
+from .link import FrontierLink, FrontierUnreachable
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -202,7 +202,7 @@ class CooldownAwareRedisQueue:
     """
 
     def __init__(self, server: Any, spider: Spider, key: str, serializer: Any = None) -> None:
-        from .extension import RetryAfterExtension
+        from ..extension import RetryAfterExtension
 
         self.server = server
         self.spider = spider

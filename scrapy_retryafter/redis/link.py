@@ -92,7 +92,7 @@ class FrontierLink:
         """The crawl's link, made on ``server`` by whichever of queue and dupefilter asks first."""
         link = _links.get(crawler)
         if link is None:
-            from .extension import RetryAfterExtension
+            from ..extension import RetryAfterExtension
 
             extension = RetryAfterExtension.of(crawler)
             redis = extension.config.redis

@@ -15,7 +15,7 @@ from typing import Any
 
 from scrapy_redis.dupefilter import RFPDupeFilter
 
-from .redis_link import FrontierLink, FrontierUnreachable
+from .link import FrontierLink, FrontierUnreachable
 
 __all__ = ["OutageTolerantDupeFilter"]
 

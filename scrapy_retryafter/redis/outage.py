@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from .board import Random
+from ..board import Random
 
 __all__ = ["BACKOFF_MAX", "BACKOFF_MIN", "Outage"]
 

@@ -1,0 +1,62 @@
+"""Slot names in Redis keys: no name, however written, spells another slot's key."""
+
+from __future__ import annotations
+
+import pytest
+
+from scrapy_retryafter.redis.board import RedisBoard
+from scrapy_retryafter.redis.exchange import slot_key
+from scrapy_retryafter.settings import RedisConfig
+
+from .redis_fixtures import prefix, redis_server  # noqa: F401
+
+NAMES = [
+    "x", "x:next", "x:next:next", "x:active", "{x}", "{x}:next", "a b", " spaced ", "tab\there",
+    "ünïcödé.example", "例え.テスト", "emoji-🦀", "h" * 10240, "h" * 10240 + ":next",
+]
+
+
+def board(url: str, prefix: str) -> RedisBoard:
+    made = RedisBoard(RedisConfig(url=url, params={}, prefix=prefix))
+    made.invalid = []  # type: ignore[attr-defined]
+    made.on_invalid = made.invalid.append  # type: ignore[attr-defined]
+    made.connect()
+    made.start()
+    return made
+
+
+def test_every_slot_keeps_its_own_cooldown_rate_senders_and_send_times(redis_server, prefix):
+    a, b = board(redis_server.url, prefix), board(redis_server.url, prefix)
+    lost: list[BaseException] = []
+    a.on_lost = b.on_lost = lost.append
+    try:
+        for n, name in enumerate(NAMES):
+            assert name not in a
+            a.throttled(name, a.clock())
+            a.cool(name, 5.0 + n * 0.25)
+            a.released(name)
+            a.ready_at(name, 3)
+        assert a.sync() and a.sync()
+        for name in NAMES:
+            assert name not in b  # met: b asks for its rate
+        assert b.sync() and b.sync()
+        for n, name in enumerate(NAMES):
+            assert b.remaining(name) == pytest.approx(5.0 + n * 0.25, abs=0.3), name[:20]
+            assert b.rate(name) == pytest.approx(a.rate(name)), name[:20]
+        assert lost == [] and a.invalid == [] and b.invalid == []
+        client = redis_server.client()
+        leases = [key for key in client.scan_iter(f"{prefix}:slot:lease:*")]
+        senders = [key for key in client.scan_iter(f"{prefix}:slot:senders:*")]
+        assert len(leases) == len(senders) == len(NAMES)
+        assert {client.hget(key, "slot") for key in leases} == set(NAMES)  # the readable name, in a value
+        assert all(client.type(key) == "hash" for key in leases) and all(client.type(key) == "zset" for key in senders)
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_slot_keys_are_fixed_length_digests_without_braces():
+    keys = {slot_key(name) for name in NAMES}
+    assert len(keys) == len(NAMES)
+    assert all(len(key) == 40 and key.isalnum() for key in keys)
+    assert slot_key("\udcff") != slot_key("?")  # undecodable bytes still get a key of their own

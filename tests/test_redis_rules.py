@@ -1,0 +1,424 @@
+"""The fleet's rules (RedisBoard) against a fake exchange and an injected clock: no Redis, no waits."""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scrapy_retryafter.breaker import CLOSED, OPEN
+from scrapy_retryafter.policy import SlotPolicy
+from scrapy_retryafter.redis.board import RedisBoard
+from scrapy_retryafter.redis.exchange import Answer, Job, Reply, read_reply
+from scrapy_retryafter.settings import RedisConfig
+
+SLOT = "shop.example"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Fixed:
+    def random(self) -> float:
+        return 0.5
+
+    def uniform(self, a: float, b: float) -> float:
+        return (a + b) / 2
+
+
+class FakeExchange:
+    """Answers each job with the next reply the test queued, when the board takes answers."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.busy = False
+        self.started = False
+        self.lost = False
+        self.jobs: list[Job] = []
+        self.replies: collections.deque[Reply | BaseException] = collections.deque()
+        self.on_answer: Any = lambda: None
+        self.on_news: Any = lambda: None
+
+    def may_try(self) -> bool:
+        return True
+
+    def connect(self) -> BaseException | None:
+        return None
+
+    def start(self, call_soon: Any = None) -> None:
+        self.started = True
+
+    def stop(self) -> None:
+        self.started = False
+
+    def send(self, job: Job) -> None:
+        self.busy = True
+        self.jobs.append(job)
+
+    def wait(self, deadline: float) -> None:
+        pass
+
+    def take(self) -> list[Answer]:
+        if not self.busy:
+            return []
+        self.busy = False
+        reply = self.replies.popleft() if self.replies else reply_of()
+        if isinstance(reply, BaseException):
+            lost_now, self.lost = not self.lost, True
+            return [Answer(self.jobs[-1], None, reply, self.clock(), lost_now=lost_now)]
+        back = 1.0 if self.lost else None
+        self.lost = False
+        return [Answer(self.jobs[-1], reply, None, self.clock(), back_after=back)]
+
+
+def reply_of(**values: Any) -> Reply:
+    empty: dict[str, Any] = dict(
+        cooldowns={}, circuits={}, rates=[], asked=[], counts={}, grants={}, snapshot=False, more=False,
+        invalid=0, rates_cursor=None, server_now=0.0,
+    )
+    return Reply(**{**empty, **values})
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def fleet(clock):
+    """A board on a fake exchange, and what it reported."""
+    exchange = FakeExchange(clock)
+    policy = SlotPolicy(max_delay=300.0, circuit_open_seconds=600.0, wake_jitter=0.0)
+    board = RedisBoard(RedisConfig(url="redis://127.0.0.1:1/0", params={}), clock=clock, rng=Fixed(),  # type: ignore[arg-type]
+                       policy=lambda slot: policy, exchange=exchange)
+    heard: dict[str, list[Any]] = collections.defaultdict(list)
+    board.on_remote_cool = lambda slot, seconds: heard["cool"].append((slot, seconds))
+    board.on_remote_refusal = lambda slot, seconds: heard["refusal"].append((slot, seconds))
+    board.on_remote_circuit = lambda slot, opened: heard["circuit"].append((slot, opened))
+    board.on_invalid = lambda count: heard["invalid"].append(count)
+    board.on_sooner = lambda slot: heard["sooner"].append(slot)
+    board.on_lost = lambda error: heard["lost"].append(error)
+    board.on_back = lambda count: heard["back"].append(count)
+    return board, exchange, heard
+
+
+def exchange_once(board: RedisBoard, exchange: FakeExchange, reply: Reply | BaseException | None = None) -> Job:
+    if reply is not None:
+        exchange.replies.append(reply)
+    assert board.sync() or isinstance(reply, BaseException)
+    return exchange.jobs[-1]
+
+
+def test_a_remote_cooldown_under_the_cap_cools_the_slot(fleet, clock):
+    board, exchange, heard = fleet
+    assert SLOT not in board  # met
+    exchange_once(board, exchange, reply_of(cooldowns={SLOT: 20.0}))
+    assert board.remaining(SLOT) == pytest.approx(20.0)
+    assert heard["cool"] == [(SLOT, pytest.approx(20.0))]
+    assert board.refused(SLOT) == 0.0
+
+
+def test_a_remote_cooldown_over_the_local_cap_is_a_refusal_not_a_day_long_sleep(fleet, clock):
+    board, exchange, heard = fleet
+    assert SLOT not in board
+    exchange_once(board, exchange, reply_of(cooldowns={SLOT: 100_000.0}))
+    assert board.remaining(SLOT) == 0.0
+    assert board.ready_at(SLOT) == 0.0
+    assert board.refused(SLOT) == pytest.approx(100_000.0)
+    assert heard["refusal"] == [(SLOT, pytest.approx(100_000.0))] and heard["cool"] == []
+    exchange_once(board, exchange, reply_of(cooldowns={SLOT: 99_999.9}))
+    assert len(heard["refusal"]) == 1  # the same refusal read again is not news
+
+
+def test_a_remote_circuit_is_held_no_longer_than_the_local_open_time(fleet, clock):
+    board, exchange, heard = fleet
+    assert SLOT not in board
+    exchange_once(board, exchange, reply_of(circuits={SLOT: 86_400.0}))
+    assert board.breaker_state(SLOT) == OPEN
+    assert board.ready_at(SLOT) == pytest.approx(clock.now + 600.0)
+    assert heard["circuit"] == [(SLOT, True)]
+
+
+def test_the_fleet_s_cooldowns_of_hosts_not_met_cost_no_state_until_one_is_met(fleet, clock):
+    board, exchange, heard = fleet
+    cooling = {f"h{n}": 20.0 for n in range(5000)}
+    exchange_once(board, exchange, reply_of(cooldowns=cooling, circuits={"open.example": 60.0}, snapshot=True))
+    assert len(board) == 0 and heard["cool"] == []
+    clock.now += 5
+    assert "h7" in board and "open.example" in board
+    assert board.remaining("h7") == pytest.approx(15.0)
+    assert board.breaker_state("open.example") == OPEN
+    clock.now += 100
+    board.sweep()
+    assert board._elsewhere == {}
+
+
+def test_a_circuit_closed_elsewhere_closes_here_and_frees_the_slot(fleet, clock):
+    board, exchange, heard = fleet
+    assert board.breaker_throttled(SLOT, clock.now, threshold=1, open_seconds=60.0)
+    exchange_once(board, exchange)  # published
+    clock.now += 1
+    exchange_once(board, exchange, reply_of(cooldowns={SLOT: 0.0}, circuits={SLOT: None}))
+    assert board.breaker_state(SLOT) == CLOSED
+    assert board.ready_at(SLOT) == 0.0
+    assert heard["circuit"] == [(SLOT, False)]
+
+
+def test_a_circuit_opened_here_after_the_exchange_left_is_not_closed_by_its_answer(fleet, clock):
+    board, exchange, heard = fleet
+    board.tick()  # an exchange leaves
+    clock.now += 0.01
+    assert board.breaker_throttled(SLOT, clock.now, threshold=1, open_seconds=60.0)
+    exchange.replies.append(reply_of(circuits={SLOT: None}, snapshot=True))
+    board.tick()
+    assert board.breaker_state(SLOT) == OPEN
+    assert heard["circuit"] == []
+
+
+def test_a_snapshot_without_a_circuit_closes_one_published_before(fleet, clock):
+    board, exchange, heard = fleet
+    assert board.breaker_throttled(SLOT, clock.now, threshold=1, open_seconds=60.0)
+    exchange_once(board, exchange)
+    clock.now += 1
+    exchange_once(board, exchange, reply_of(snapshot=True))
+    assert board.breaker_state(SLOT) == CLOSED
+
+
+def test_rates_are_adopted_for_slots_this_process_knows_and_asked_for_the_ones_it_meets(fleet, clock):
+    board, exchange, _ = fleet
+    board.cool("known.example", 1.0)
+    rates = [("known.example", 4.0, True, "other"), ("far.example", 2.0, True, "other")]
+    exchange_once(board, exchange, reply_of(rates=rates))
+    assert board.rate("known.example") == pytest.approx(4.0)
+    assert "far.example" not in board._slots  # a rate of a host never met costs nothing here
+    assert "new.example" not in board
+    job = exchange_once(board, exchange, reply_of(asked=[("new.example", 3.0, True, "other")]))
+    assert job.asks == ["new.example"]
+    assert board.rate("new.example") == pytest.approx(3.0)
+    assert exchange_once(board, exchange).asks == []  # asked once
+
+
+def test_a_process_ignores_its_own_rate_coming_back(fleet, clock):
+    board, exchange, _ = fleet
+    rate = board.throttled(SLOT, clock.now)
+    assert rate is not None
+    exchange_once(board, exchange, reply_of(rates=[(SLOT, rate * 10, True, board.process_id)]))
+    assert board.rate(SLOT) == pytest.approx(rate)
+
+
+def test_granted_send_times_pace_the_slot_and_an_earlier_one_wakes_the_queue(fleet, clock):
+    board, exchange, heard = fleet
+    rate = board.throttled(SLOT, clock.now)
+    assert rate is not None
+    exchange_once(board, exchange)  # the cut is published
+    board.released(SLOT)
+    fallback = board.ready_at(SLOT)
+    job = exchange_once(board, exchange, reply_of(grants={SLOT: [0.1, 0.1 + 1 / rate]}))
+    assert job.claims and job.claims[0][0] == SLOT
+    assert board.ready_at(SLOT) == pytest.approx(clock.now + 0.1)
+    assert fallback > clock.now + 0.1 and heard["sooner"] == [SLOT]
+
+
+def test_grants_inside_a_cooldown_are_dropped(fleet, clock):
+    board, exchange, _ = fleet
+    board.throttled(SLOT, clock.now)
+    board.cool(SLOT, 5.0)
+    exchange_once(board, exchange)
+    exchange_once(board, exchange, reply_of(grants={SLOT: [0.1, 6.0]}))
+    assert board.leases.times(SLOT) == [pytest.approx(clock.now + 6.0)]
+
+
+def test_garbage_is_counted_and_a_full_page_is_read_on_at_once(fleet, clock):
+    board, exchange, heard = fleet
+    exchange_once(board, exchange, reply_of(invalid=3, more=True))
+    assert heard["invalid"] == [3]
+    board.tick()  # the next page does not wait for the refresh period
+    assert exchange.busy
+
+
+def test_lost_keeps_the_events_and_republishes_them_when_back(fleet, clock):
+    board, exchange, heard = fleet
+    board.cool(SLOT, 30.0)
+    exchange.replies.append(ConnectionError("down"))
+    board.tick()
+    board.tick()
+    assert len(heard["lost"]) == 1 and board.lost
+    clock.now += 1
+    job = exchange_once(board, exchange, reply_of())
+    assert ("cool", SLOT) in job.writes and heard["back"] == [1]
+
+
+def test_what_is_kept_per_slot_is_pruned_with_the_board(fleet, clock):
+    board, exchange, _ = fleet
+    for n in range(2000):
+        slot = f"host{n}.example"
+        assert slot not in board
+        board.throttled(slot, clock.now)
+        board.released(slot)
+        board.ready_at(slot)
+        board.succeeded(slot)
+    exchange_once(board, exchange, reply_of(counts={f"host{n}.example": 2 for n in range(2000)},
+                                            grants={f"host{n}.example": [0.1] for n in range(2000)}))
+    maps = (board._active, board._shares, board.leases._granted, board.leases._want, board._published, board._met)
+    assert all(len(kept) >= 1000 for kept in maps)
+    clock.now += 10_000
+    board.sweep()
+    assert len(board) == 0
+    assert [len(kept) for kept in maps] == [0] * len(maps)
+
+
+def test_many_slots_met_are_asked_about_a_page_at_a_time(fleet, clock):
+    board, exchange, _ = fleet
+    for n in range(2500):
+        assert f"host{n}" not in board
+    assert len(exchange_once(board, exchange).asks) == 1000
+    board.tick()  # the rest at once, not a refresh later
+    assert len(exchange.jobs[-1].asks) == 1000
+
+
+# -- read_reply: every value checked ---------------------------------------------------------------
+
+def raw(**parts: Any) -> list[Any]:
+    values = dict(changed=[], rates=[], counts=[], leases=[], now=b"1000.000000", snapshot=0, more=0, invalid=0,
+                  asked=[], cooling=[], circuits=[], rates_since=b"990.000000", rates_slot=b"", probes=[],
+                  first=[])
+    values.update(parts)
+    return [values[key] for key in ("changed", "rates", "counts", "leases", "now", "snapshot", "more", "invalid",
+                                    "asked", "cooling", "circuits", "rates_since", "rates_slot", "probes",
+                                    "first")]
+
+
+@pytest.mark.parametrize(
+    ("value", "kept"),
+    [
+        (b"2.5:cut proc", True),
+        (b"0:cut proc", False),  # a rate of 0: no arrivals ever, and a division by zero downstream
+        (b"garbage:cut proc", False),
+        (b"nan:cut proc", False),
+        (b"inf:grow proc", False),
+        (b"-1:cut proc", False),
+        (b"1e400:cut proc", False),
+        (b"99999999:cut proc", False),
+        (b"2.5:cut", False),
+        (b"2.5:drop proc", False),
+        (b"\xff\xfe:cut proc", False),
+        (b"", False),
+    ],
+)
+def test_a_rate_must_be_positive_finite_and_well_formed(value, kept):
+    reply = read_reply(raw(rates=[b"s", value, b"999.5"]), horizon=0.3)
+    assert [slot for slot, *_ in reply.rates] == (["s"] if kept else [])
+    assert reply.invalid == (0 if kept or value == b"" else 1)
+    assert reply.rates_cursor == (999.5, "s")  # garbage is stepped over, not read again
+
+
+def test_cooldowns_circuits_and_grants_read_from_redis_are_bounded():
+    reply = read_reply(raw(
+        changed=[b"a", b"1010", b"", b"b", b"inf", b"nan", b"c", b"", b"1005"],
+        leases=[b"a", b"0.1 0.2 garbage 1e9 nan"],
+        counts=[b"a", b"0", b"b", b"99999999"],
+    ), horizon=0.3)
+    assert reply.cooldowns == {"a": 10.0, "b": 0.0, "c": 0.0}
+    assert reply.circuits == {"a": None, "b": None, "c": 5.0}
+    assert reply.grants == {"a": [0.1, 0.2]}
+    assert reply.counts == {"a": 1, "b": 10_000}
+    assert reply.invalid == 5
+
+
+@given(st.lists(st.binary(max_size=40), max_size=30).map(lambda items: items[: len(items) // 3 * 3]))
+def test_read_reply_never_raises_on_any_rate_entries(entries):
+    entries = [entries[i] if i % 3 != 2 else b"5.0" for i in range(len(entries))]
+    reply = read_reply(raw(rates=entries), horizon=0.3)
+    for _, rate, _, _ in reply.rates:
+        assert 0 < rate <= 10_000 and math.isfinite(rate)
+
+
+def test_the_fleet_board_keeps_the_base_succeeded_contract(fleet, clock):
+    board, _, _ = fleet
+    assert board.succeeded(SLOT) is False
+
+
+def test_an_expired_circuit_is_probed_by_the_process_the_fleet_grants_it_to(fleet, clock):
+    board, exchange, heard = fleet
+    assert board.breaker_throttled(SLOT, clock.now, threshold=1, open_seconds=60.0)
+    exchange_once(board, exchange)
+    clock.now += 61
+    assert board.ready_at(SLOT) > clock.now  # half-open: not this process's probe yet
+    job = exchange_once(board, exchange, reply_of(probes=[SLOT]))
+    assert job.probes == [SLOT]
+    assert heard["sooner"] == [SLOT]
+    assert board.ready_at(SLOT) == 0.0
+    board.released(SLOT)  # the probe leaves: the fleet holds meanwhile, the next exchange says so
+    assert exchange.jobs[-1].writes[("open", SLOT)] == repr(180.0)
+
+
+def test_a_process_refused_the_probe_holds_until_the_other_s_probe_answers(fleet, clock):
+    board, exchange, heard = fleet
+    assert board.breaker_throttled(SLOT, clock.now, threshold=1, open_seconds=60.0)
+    exchange_once(board, exchange)
+    clock.now += 61
+    board.ready_at(SLOT)
+    exchange_once(board, exchange, reply_of(circuits={SLOT: 180.0}))  # another process sent it
+    assert board.ready_at(SLOT) == pytest.approx(clock.now + 180.0)
+    clock.now += 1
+    exchange_once(board, exchange, reply_of(circuits={SLOT: None}))  # its probe succeeded
+    assert board.breaker_state(SLOT) == CLOSED and board.ready_at(SLOT) == 0.0
+    assert heard["sooner"] == [SLOT]  # the queue lists the slot again at once
+
+
+def test_a_paced_slot_sends_only_at_granted_times_while_the_fleet_answers(fleet, clock):
+    board, exchange, _ = fleet
+    rate = board.throttled(SLOT, clock.now)
+    board.cool(SLOT, 2.0)
+    exchange_once(board, exchange)
+    assert rate is not None
+    # No grant yet: after the cooldown the slot waits for one, not for a time of its own.
+    assert board.ready_at(SLOT) >= clock.now + 2.0 + board.grant_wait - 1e-9
+    exchange_once(board, exchange, reply_of(grants={SLOT: [2.0, 2.0 + 1 / rate]}))
+    assert board.ready_at(SLOT) == pytest.approx(clock.now + 2.0)
+    clock.now += 2.0
+    board.released(SLOT)
+    assert board.ready_at(SLOT) == pytest.approx(clock.now + 1 / rate)
+    clock.now += 1 / rate
+    board.released(SLOT)
+    assert board.ready_at(SLOT) >= clock.now + board.grant_wait - 1e-9  # granted times used up
+
+
+def test_a_host_new_to_the_fleet_gets_the_first_contact_sends_granted_then_opens_on_a_response(clock):
+    exchange = FakeExchange(clock)
+    board = RedisBoard(RedisConfig(url="redis://127.0.0.1:1/0", params={}), clock=clock, rng=Fixed(),  # type: ignore[arg-type]
+                       exchange=exchange, first_contact=8)
+    sooner: list[str] = []
+    board.on_sooner = sooner.append
+    assert SLOT in board  # met: held until the fleet answers
+    assert board.ready_at(SLOT, 20) > clock.now
+    job = exchange_once(board, exchange, reply_of(first={SLOT: 3}))
+    assert (SLOT, 8) in exchange.jobs[0].first and job.first == [] and sooner == [SLOT]
+    for _ in range(3):
+        assert board.ready_at(SLOT, 20) == 0.0
+        board.released(SLOT)
+    assert board.ready_at(SLOT, 20) > clock.now  # its three sends are out, and no answer yet
+    board.succeeded(SLOT)
+    assert board.ready_at(SLOT, 20) == 0.0
+    assert exchange.jobs[-1].writes.get(("seen", SLOT)) == "1"  # the fleet hears of it at once
+
+
+def test_a_host_the_fleet_already_heard_from_opens_at_the_first_answer_and_a_silent_one_after_a_wait(clock):
+    exchange = FakeExchange(clock)
+    board = RedisBoard(RedisConfig(url="redis://127.0.0.1:1/0", params={}), clock=clock, rng=Fixed(),  # type: ignore[arg-type]
+                       exchange=exchange, first_contact=8)
+    assert SLOT in board and "silent.example" in board
+    exchange_once(board, exchange, reply_of(first={SLOT: -1, "silent.example": 0}))
+    assert board.ready_at(SLOT) == 0.0
+    assert board.ready_at("silent.example") > clock.now
+    clock.now += 11  # nobody had an answer: the host-down rules take it from here
+    assert board.ready_at("silent.example") == 0.0
