@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scrapy.http import Headers
 
@@ -136,6 +136,7 @@ ALL = parse_ban_rules(["cloudflare", "shopify", *CUSTOM], body_bytes=256)
 header_values = st.one_of(st.binary(max_size=64), st.text(max_size=64), st.lists(st.binary(max_size=16), max_size=3))
 
 
+@settings(suppress_health_check=[HealthCheck.too_slow])  # header dictionaries draw slowly on a loaded machine
 @given(
     status=st.integers(min_value=100, max_value=599),
     headers=st.dictionaries(st.sampled_from(["Server", "cf-mitigated", "X-Blocked", "X-Queue", b"x-queue"]), header_values),

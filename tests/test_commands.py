@@ -99,13 +99,14 @@ def test_spider_custom_settings_and_jobdir_pick_the_file(project: Path) -> None:
     assert "2 parked request(s) in job/retry_after.parked.jsonl" in jobdir.stdout
 
 
-def test_clear_empties_the_file(project: Path) -> None:
+def test_clear_removes_every_record_and_the_file(project: Path) -> None:
     path = project / ".scrapy" / "retry_after" / "plain.parked.jsonl"
     park(path, "a.example")
     result = scrapy(project, "parked", "plain", "--clear")
     assert result.returncode == 0, result.stderr
     assert "cleared 1 parked request(s)" in result.stdout
-    assert "0 parked request(s)" in scrapy(project, "parked", "plain").stdout
+    assert not path.exists()
+    assert "error: no park file at" in scrapy(project, "parked", "plain").stderr
 
 
 def test_unknown_spider_and_missing_file_exit_1_with_one_line(project: Path) -> None:

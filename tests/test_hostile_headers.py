@@ -47,6 +47,8 @@ class Crawl:
         self.extension = RetryAfterExtension.of(self.crawler)
         self.board = self.extension.board
         self.policy = self.extension.config.default
+        # The park file opens with the spider, as in a crawl.
+        self.crawler.signals.send_catch_log(signals.spider_opened, spider=self.crawler.spider)
 
     def respond(
         self, status: int, headers: list[tuple[str, bytes]], method: str = "GET", host: str | None = None
@@ -83,7 +85,10 @@ class Crawl:
         """Seconds from now to the furthest not_before in the park file."""
         parking = self.extension.parking
         assert parking is not None
-        records = parking.file.records().values()
+        assert parking.file is not None
+        if not parking.file.path.exists():
+            return 0.0
+        records = [entry.record() for entry in parking.file.read().records.values()]
         return max((record.not_before for record in records), default=0.0) - time.time()
 
 

@@ -113,7 +113,7 @@ def test_a_symlink_at_the_old_temporary_name_is_never_followed_and_a_failed_save
     (tmp_path / f".{STATE_FILE}.tmp").symlink_to(victim)
     save_board(_paused_board(), tmp_path, wall=0.0)
     assert victim.read_text() == "precious"
-    assert load_board(CooldownBoard(clock=Clock()), tmp_path, wall=0.0) == 5
+    assert load_board(CooldownBoard(clock=FakeClock(100.0)), tmp_path, wall=0.0) == 5
     before = sorted(p.name for p in tmp_path.iterdir())
 
     import os as os_module
@@ -135,6 +135,6 @@ def test_a_symlinked_or_oversized_state_file_restores_nothing(tmp_path, monkeypa
     save_board(_paused_board(), tmp_path / "real", wall=0.0)
     (tmp_path / "job").mkdir()
     (tmp_path / "job" / STATE_FILE).symlink_to(tmp_path / "real" / STATE_FILE)
-    assert load_board(CooldownBoard(clock=Clock()), tmp_path / "job") == -1
+    assert load_board(CooldownBoard(clock=FakeClock(100.0)), tmp_path / "job") == -1
     monkeypatch.setattr(jobstate, "MAX_STATE_BYTES", 10)
-    assert load_board(CooldownBoard(clock=Clock()), tmp_path / "real") == -1
+    assert load_board(CooldownBoard(clock=FakeClock(100.0)), tmp_path / "real") == -1
