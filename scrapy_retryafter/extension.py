@@ -210,12 +210,13 @@ class RetryAfterExtension:
         )
 
     def slot_of(self, request: Request) -> str:
-        """The request's download slot: the downloader writes the key into meta once, and reads it there first too."""
+        """The request's download slot: the downloader writes the key into meta once, and reads it there first too.
+
+        Outside a crawl (no engine: a middleware called by hand) the host, as the downloader would key it."""
         key = request.meta.get("download_slot")
         if key is not None:
             return key
-        assert self.crawler.engine is not None
-        return self.crawler.engine.downloader.get_slot_key(request)
+        return scrapy_compat.slot_key(self.crawler, request)
 
     def held(self, slot: str) -> int:
         return sum(count(slot) for count in self.held_counters)

@@ -123,7 +123,7 @@ class RetryMiddleware(ScrapyRetryMiddleware):
         self, request: Request, response: Response, spider: Spider | None = None
     ) -> Request | Response:
         if self._all:
-            return self._retry_response(request, response)
+            return self._retry_response(request, response, spider)
         if owned_by_retry_after(self._retry_after, request, response.status):
             return response
         if spider is None:
@@ -134,12 +134,12 @@ class RetryMiddleware(ScrapyRetryMiddleware):
         self, request: Request, exception: Exception, spider: Spider | None = None
     ) -> Request | Response | None:
         if self._all:
-            return self._retry_exception(request, exception)
+            return self._retry_exception(request, exception, spider)
         if spider is None:
             return super().process_exception(request, exception)
         return super().process_exception(request, exception, spider)
 
-    def _retry_response(self, request: Request, response: Response) -> Request | Response:
+    def _retry_response(self, request: Request, response: Response, spider: Spider | None) -> Request | Response:
         status = response.status
         if self._board.streaks:
             self._board.streaks.reached(self._retry_after.slot_of(request))
@@ -148,18 +148,18 @@ class RetryMiddleware(ScrapyRetryMiddleware):
         if owned_by_retry_after(self._retry_after, request, status):
             return response
         reason = response_status_message(status)
-        return self._retry_failure(request, classify_status(status), reason, status) or response
+        return self._retry_failure(request, classify_status(status), reason, status, spider) or response
 
-    def _retry_exception(self, request: Request, exception: Exception) -> Request | None:
+    def _retry_exception(self, request: Request, exception: Exception, spider: Spider | None) -> Request | None:
         if not isinstance(exception, self.exceptions_to_retry) or request.meta.get("dont_retry", False):
             return None
         rule = classify_exception(qualified_names(exception))
         if rule is Rule.ANY_METHOD:
             self._connection_failed(request, exception)
-        return self._retry_failure(request, rule, exception, None)
+        return self._retry_failure(request, rule, exception, None, spider)
 
     def _retry_failure(
-        self, request: Request, rule: Rule, reason: str | Exception, status: int | None
+        self, request: Request, rule: Rule, reason: str | Exception, status: int | None, spider: Spider | None
     ) -> Request | None:
         slot = self._retry_after.slot_of(request)
         policy = self._retry_after.config.policy_for(slot)
@@ -190,11 +190,13 @@ class RetryMiddleware(ScrapyRetryMiddleware):
             return self._not_retried(
                 request, slot, status, label, attempt, decision, exhausted, policy.backoff.wait(attempt, rng=self._rng)
             )
-        assert self.crawler.spider
+        # Scrapy 2.13 passes the spider and may leave crawler.spider unset (a middleware used by hand).
+        spider = self.crawler.spider or spider
+        assert spider is not None
         retry = get_retry_request(
             request,
             reason=reason,
-            spider=self.crawler.spider,
+            spider=spider,
             max_retry_times=max_retries,
             priority_adjust=meta.get("priority_adjust", self.priority_adjust),
         )
