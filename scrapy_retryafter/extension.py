@@ -25,6 +25,7 @@ from .breaker import OPEN
 from .holding import DownloaderHold, GiveUp
 from .jobstate import STATE_FILE, load_board, save_board
 from .parking import Parking
+from .retry_reporting import check_give_up_log_level
 from .settings import Config, load_config, warn_unknown_settings, warn_unused_slot_keys
 from .tally import SlotTally
 from .timers import call_from_thread, call_later, looping_call
@@ -82,6 +83,7 @@ class SlotCoolingDown(Exception):
 
 class RetryAfterExtension:
     def __init__(self, crawler: Crawler, config: Config, clock: Any = time.monotonic) -> None:
+        check_give_up_log_level(crawler.settings)
         self.crawler = crawler
         self.config = config
         self.clock = clock
