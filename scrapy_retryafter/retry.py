@@ -21,10 +21,12 @@ import random
 import time
 from typing import TYPE_CHECKING, Any
 
+from scrapy import signals
 from scrapy.downloadermiddlewares.retry import RetryMiddleware as ScrapyRetryMiddleware
 from scrapy.downloadermiddlewares.retry import get_retry_request
 from scrapy.utils.response import response_status_message
 
+from . import scrapy_compat
 from .extension import RetryAfterExtension
 from .failures import (
     NOT_BEFORE,
@@ -68,7 +70,26 @@ class RetryMiddleware(ScrapyRetryMiddleware):
         middleware._retry_after = RetryAfterExtension.of(crawler)
         middleware._retry_after.all_retries_installed = True
         middleware._setup_all_retries(crawler)
+        crawler.signals.connect(middleware._check_throttles_handled, signal=signals.spider_opened)
         return middleware
+
+    def _check_throttles_handled(self, **kwargs: Any) -> None:
+        """Without RetryAfterMiddleware nobody retries the throttle codes this middleware leaves to it: say so once."""
+        from .middleware import RetryAfterMiddleware
+
+        extension = self._retry_after
+        if not extension.config.enabled or not self.crawler.settings.getbool("RETRY_ENABLED"):
+            return
+        if any(isinstance(m, RetryAfterMiddleware) for m in scrapy_compat.downloader_middlewares(self.crawler)):
+            return
+        left = sorted(code for code in self.retry_http_codes if code in extension.codes)
+        if left:
+            logger.warning(
+                "scrapy_retryafter.RetryMiddleware is installed without scrapy_retryafter.RetryAfterMiddleware: "
+                "responses with %(codes)s go unretried (they are left to it); add it to DOWNLOADER_MIDDLEWARES at 560 "
+                "or use ADDONS = {'scrapy_retryafter.Addon': 500}",
+                {"codes": left},
+            )
 
     # -- RETRY_AFTER_ALL_RETRIES ------------------------------------------------
 

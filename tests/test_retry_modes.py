@@ -173,3 +173,26 @@ def test_our_retry_middleware_works_on_a_crawler_that_is_not_crawling():
     assert middleware._retry_after.slot_of(request) == "a.example"
     assert middleware._retry_after.send_back("a.example") == 0
     assert crawler.stats.get_value("retry/count") == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_our_retry_middleware_alone_says_once_that_throttles_go_unretried(server, caplog):
+    host = server.add_host(HostConfig(reject_first=1, penalty=0.01, retry_after="0.1"))
+    server.start()
+    settings = {
+        "DOWNLOADER_MIDDLEWARES": {
+            "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
+            "scrapy_retryafter.RetryMiddleware": 550,
+        },
+        "RETRY_AFTER_PARKING": False,
+    }
+    with caplog.at_level(logging.WARNING, logger="scrapy_retryafter"):
+        await crawl([Request(host.url("/"))], settings)
+    said = [r for r in caplog.records if "without scrapy_retryafter.RetryAfterMiddleware" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    assert "[429, 503]" in said[0].getMessage()
+    assert [a.status for a in server.arrivals(host)] == [429]  # what the line says: not retried
+    with caplog.at_level(logging.WARNING, logger="scrapy_retryafter"):
+        caplog.clear()
+        await crawl([Request(host.url("/again"))], {**ADDON, "RETRY_AFTER_PARKING": False})
+    assert not [r for r in caplog.records if "without scrapy_retryafter.RetryAfterMiddleware" in r.getMessage()]
