@@ -58,8 +58,8 @@ _RETRY_LINE = (
 
 _RETRY_MW_503 = (
     "the package's RetryMiddleware leaves the throttle codes (429, 503) to RetryAfterMiddleware, which retries them "
-    "with cooldowns and logs its own give-up line; used alone it does not retry them (README: what the add-on "
-    "replaces). The test expects RetryMiddleware to retry 503 itself"
+    "with cooldowns and logs its own give-up line; used alone it does not retry them and says so in one WARNING "
+    "at start (README: what the add-on replaces). The test expects RetryMiddleware to retry 503 itself"
 )
 _ENGINE_BUILT_BY_HAND = (
     "the add-on's SCHEDULER_PRIORITY_QUEUE is a DownloaderAwarePriorityQueue, which (like Scrapy's own) needs "
@@ -84,44 +84,17 @@ INTENDED: list[Difference] = [
     Difference(SCRAPY, "tests/test_crawl.py::TestCrawl::test_retry_conn_aborted", _RETRY_LINE),
 ]
 
-_NEEDS_ENGINE = (
-    "RetryMiddleware reads the slot through crawler.engine (retry.owned_by_retry_after, "
-    "RetryAfterExtension.slot_of, and send_back's getattr, which Scrapy 2.19's Crawler.engine answers with "
-    "RuntimeError, not AttributeError); stock RetryMiddleware works on a crawler that is not crawling"
-)
-_IGNORES_SPIDER_ARG = (
-    "on Scrapy 2.13 RetryMiddleware is called with the spider as an argument and crawler.spider unset; the "
-    "package's _retry_failure asserts crawler.spider instead of using the argument (also needs the engine fix)"
-)
-_REDIS_QUEUE_NEEDS_CRAWL = (
-    "CooldownAwareRedisQueue(server, spider, key) reads spider.crawler and crawler.engine.downloader at "
-    "construction; scrapy-redis's queues work with a bare Spider(name), as a script seeding a frontier builds them"
-)
-
-INCOMPATIBLE: list[Difference] = [
-    Difference((S219,), _RETRY_MW + "TestRetry::test_twistederrors", _NEEDS_ENGINE),
-    Difference((S219,), _RETRY_MW + "TestRetry::test_exception_to_retry_added", _NEEDS_ENGINE),
-    Difference(SCRAPY, _RETRY_MW + "TestMaxRetryTimes::test_with_settings_zero", _NEEDS_ENGINE),
-    Difference(SCRAPY, _RETRY_MW + "TestMaxRetryTimes::test_with_metakey_zero", _NEEDS_ENGINE),
-    Difference((S219,), _RETRY_MW + "TestMaxRetryTimes::test_without_metakey", _NEEDS_ENGINE),
-    Difference((S219,), _RETRY_MW + "TestMaxRetryTimes::test_with_metakey_greater", _NEEDS_ENGINE),
-    Difference((S219,), _RETRY_MW + "TestMaxRetryTimes::test_with_metakey_lesser", _NEEDS_ENGINE),
-    Difference((S213,), _RETRY_MW + "TestRetry::test_twistederrors", _IGNORES_SPIDER_ARG),
-    Difference((S213,), _RETRY_MW + "TestRetry::test_exception_to_retry_added", _IGNORES_SPIDER_ARG),
-    Difference((S213,), _RETRY_MW + "TestMaxRetryTimes::test_without_metakey", _IGNORES_SPIDER_ARG),
-    Difference((S213,), _RETRY_MW + "TestMaxRetryTimes::test_with_metakey_greater", _IGNORES_SPIDER_ARG),
-    Difference((S213,), _RETRY_MW + "TestMaxRetryTimes::test_with_metakey_lesser", _IGNORES_SPIDER_ARG),
-    Difference(REDIS, "tests/test_scrapy_redis.py::PriorityQueueTest::test_clear", _REDIS_QUEUE_NEEDS_CRAWL),
-    Difference(REDIS, "tests/test_scrapy_redis.py::PriorityQueueTest::test_queue", _REDIS_QUEUE_NEEDS_CRAWL),
-]
+INCOMPATIBLE: list[Difference] = []
+"""Empty: the engine-less slot key, the spider argument on 2.13 and the crawler-less Redis queue are fixed
+(tests/test_retry_modes.py::test_our_retry_middleware_works_on_a_crawler_that_is_not_crawling,
+tests/test_redis_queue.py::test_a_queue_built_from_a_bare_spider_is_a_plain_priority_queue)."""
 
 HARNESS: list[HarnessChange] = [
     HarnessChange(
         SCRAPY + REDIS,
         "only with SCRAPY_RETRYAFTER_COMPAT_NO_PARKING=1 (off by default): RETRY_AFTER_PARKING defaults to False",
-        "on the base this was written against, a park file's lock outlives the crawler that took it, so each later "
-        "crawler of one pytest process fails with ParkFileLocked (the park-file issue fixes it); the switch shows "
-        "the differences behind it meanwhile",
+        "a debugging switch: the runs counted are with parking on (the park file no longer locks, so later "
+        "crawlers of one pytest process run as the first)",
     ),
     HarnessChange(
         SCRAPY + REDIS,

@@ -25,6 +25,7 @@ from .breaker import OPEN
 from .holding import DownloaderHold, GiveUp
 from .jobstate import STATE_FILE, load_board, save_board
 from .parking import Parking
+from .retry_reporting import check_give_up_log_level
 from .settings import Config, load_config, warn_unknown_settings, warn_unused_slot_keys
 from .tally import SlotTally
 from .timers import call_from_thread, call_later, looping_call
@@ -82,6 +83,7 @@ class SlotCoolingDown(Exception):
 
 class RetryAfterExtension:
     def __init__(self, crawler: Crawler, config: Config, clock: Any = time.monotonic) -> None:
+        check_give_up_log_level(crawler.settings)
         self.crawler = crawler
         self.config = config
         self.clock = clock
@@ -210,12 +212,13 @@ class RetryAfterExtension:
         )
 
     def slot_of(self, request: Request) -> str:
-        """The request's download slot: the downloader writes the key into meta once, and reads it there first too."""
+        """The request's download slot: the downloader writes the key into meta once, and reads it there first too.
+
+        Outside a crawl (no engine: a middleware called by hand) the host, as the downloader would key it."""
         key = request.meta.get("download_slot")
         if key is not None:
             return key
-        assert self.crawler.engine is not None
-        return self.crawler.engine.downloader.get_slot_key(request)
+        return scrapy_compat.slot_key(self.crawler, request)
 
     def held(self, slot: str) -> int:
         return sum(count(slot) for count in self.held_counters)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from scrapy.exceptions import IgnoreRequest
 
 from .parkfile import iso
+from .retry_reporting import GIVE_UP_LEVEL_SETTING, give_up_log_level
 from .timers import sleep
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class GiveUp:
         self.crawler = crawler
         self.stats = crawler.stats
         self.parking = parking
+        self._give_up_level_setting = crawler.settings.get(GIVE_UP_LEVEL_SETTING)
 
     def __call__(
         self,
@@ -71,6 +73,8 @@ class GiveUp:
             attempts = request.meta.get(THROTTLES, 0) + (status is not None)
         parking = self.parking
         parked: Request | None = None
+        # Stock's level for a give-up (RETRY_GIVE_UP_LOG_LEVEL, give_up_log_level); a parked request is not one.
+        level = give_up_log_level(request.meta, self._give_up_level_setting)
         if parking is None or not park or outcome == "not_repeatable":
             fate = "" if parking is None or outcome != "not_repeatable" else "; not parked: repeating it could apply it twice"
         else:
@@ -78,7 +82,9 @@ class GiveUp:
             if parked is None:
                 return None
             fate = f"; parked until {iso(time.time() + wait)} in {parking.path}"
-        logger.warning(
+            level = logging.WARNING
+        logger.log(
+            level,
             "Gave up %(request)s on %(slot)s after %(attempts)d %(unit)s%(status)s: %(reason)s%(fate)s",
             {
                 "request": request,

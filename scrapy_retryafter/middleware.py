@@ -26,6 +26,7 @@ from .headers import parse_retry_after
 from .holding import THROTTLES
 from .policy import Decision, SlotPolicy, decide
 from .quota import decide_quota, wants_window
+from .retry_reporting import count_retry
 from .ratelimit import parse_ratelimit, parse_retry_after_ms, speaks_ratelimit
 from .slot_events import SlotEvents
 
@@ -278,6 +279,7 @@ class RetryAfterMiddleware:
             parked = self._give_up(request, slot, response.status, late, "deadline", self.board.remaining(slot))
             return response if parked is None else parked
         self.stats.inc_value("retry_after/retried")
+        count_retry(self.stats, response.status)  # Scrapy's retry/count and retry/reason_count/<status>
         retry = request.copy()
         retry.meta[THROTTLES] = request.meta.get(THROTTLES, 0) + 1
         retry.meta[PREVIOUS_WAIT] = decision.cooldown  # decorrelated jitter grows from the last wait

@@ -21,10 +21,12 @@ import random
 import time
 from typing import TYPE_CHECKING, Any
 
+from scrapy import signals
 from scrapy.downloadermiddlewares.retry import RetryMiddleware as ScrapyRetryMiddleware
 from scrapy.downloadermiddlewares.retry import get_retry_request
 from scrapy.utils.response import response_status_message
 
+from . import scrapy_compat
 from .extension import RetryAfterExtension
 from .failures import (
     NOT_BEFORE,
@@ -68,7 +70,26 @@ class RetryMiddleware(ScrapyRetryMiddleware):
         middleware._retry_after = RetryAfterExtension.of(crawler)
         middleware._retry_after.all_retries_installed = True
         middleware._setup_all_retries(crawler)
+        crawler.signals.connect(middleware._check_throttles_handled, signal=signals.spider_opened)
         return middleware
+
+    def _check_throttles_handled(self, **kwargs: Any) -> None:
+        """Without RetryAfterMiddleware nobody retries the throttle codes this middleware leaves to it: say so once."""
+        from .middleware import RetryAfterMiddleware
+
+        extension = self._retry_after
+        if not extension.config.enabled or not self.crawler.settings.getbool("RETRY_ENABLED"):
+            return
+        if any(isinstance(m, RetryAfterMiddleware) for m in scrapy_compat.downloader_middlewares(self.crawler)):
+            return
+        left = sorted(code for code in self.retry_http_codes if code in extension.codes)
+        if left:
+            logger.warning(
+                "scrapy_retryafter.RetryMiddleware is installed without scrapy_retryafter.RetryAfterMiddleware: "
+                "responses with %(codes)s go unretried (they are left to it); add it to DOWNLOADER_MIDDLEWARES at 560 "
+                "or use ADDONS = {'scrapy_retryafter.Addon': 500}",
+                {"codes": left},
+            )
 
     # -- RETRY_AFTER_ALL_RETRIES ------------------------------------------------
 
@@ -123,7 +144,7 @@ class RetryMiddleware(ScrapyRetryMiddleware):
         self, request: Request, response: Response, spider: Spider | None = None
     ) -> Request | Response:
         if self._all:
-            return self._retry_response(request, response)
+            return self._retry_response(request, response, spider)
         if owned_by_retry_after(self._retry_after, request, response.status):
             return response
         if spider is None:
@@ -134,12 +155,12 @@ class RetryMiddleware(ScrapyRetryMiddleware):
         self, request: Request, exception: Exception, spider: Spider | None = None
     ) -> Request | Response | None:
         if self._all:
-            return self._retry_exception(request, exception)
+            return self._retry_exception(request, exception, spider)
         if spider is None:
             return super().process_exception(request, exception)
         return super().process_exception(request, exception, spider)
 
-    def _retry_response(self, request: Request, response: Response) -> Request | Response:
+    def _retry_response(self, request: Request, response: Response, spider: Spider | None) -> Request | Response:
         status = response.status
         if self._board.streaks:
             self._board.streaks.reached(self._retry_after.slot_of(request))
@@ -148,18 +169,18 @@ class RetryMiddleware(ScrapyRetryMiddleware):
         if owned_by_retry_after(self._retry_after, request, status):
             return response
         reason = response_status_message(status)
-        return self._retry_failure(request, classify_status(status), reason, status) or response
+        return self._retry_failure(request, classify_status(status), reason, status, spider) or response
 
-    def _retry_exception(self, request: Request, exception: Exception) -> Request | None:
+    def _retry_exception(self, request: Request, exception: Exception, spider: Spider | None) -> Request | None:
         if not isinstance(exception, self.exceptions_to_retry) or request.meta.get("dont_retry", False):
             return None
         rule = classify_exception(qualified_names(exception))
         if rule is Rule.ANY_METHOD:
             self._connection_failed(request, exception)
-        return self._retry_failure(request, rule, exception, None)
+        return self._retry_failure(request, rule, exception, None, spider)
 
     def _retry_failure(
-        self, request: Request, rule: Rule, reason: str | Exception, status: int | None
+        self, request: Request, rule: Rule, reason: str | Exception, status: int | None, spider: Spider | None
     ) -> Request | None:
         slot = self._retry_after.slot_of(request)
         policy = self._retry_after.config.policy_for(slot)
@@ -190,11 +211,13 @@ class RetryMiddleware(ScrapyRetryMiddleware):
             return self._not_retried(
                 request, slot, status, label, attempt, decision, exhausted, policy.backoff.wait(attempt, rng=self._rng)
             )
-        assert self.crawler.spider
+        # Scrapy 2.13 passes the spider and may leave crawler.spider unset (a middleware used by hand).
+        spider = self.crawler.spider or spider
+        assert spider is not None
         retry = get_retry_request(
             request,
             reason=reason,
-            spider=self.crawler.spider,
+            spider=spider,
             max_retry_times=max_retries,
             priority_adjust=meta.get("priority_adjust", self.priority_adjust),
         )

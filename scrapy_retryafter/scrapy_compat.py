@@ -14,22 +14,27 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.pqueues import DownloaderAwarePriorityQueue
 from scrapy.pqueues import _path_safe as _scrapy_path_safe
+from scrapy.utils.httpobj import urlparse_cached
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from scrapy import Request
+    from scrapy.core.engine import ExecutionEngine
     from scrapy.crawler import Crawler
 
 __all__ = [
     "ROUND_ROBIN",
     "downloader_middlewares",
     "downloader_slots",
+    "engine_of",
     "last_selected",
     "next_slot",
     "nudge_engine",
     "scheduler_state_file",
     "path_safe",
     "set_last_selected",
+    "slot_key",
     "slot_load",
     "take_queued",
     "transferring",
@@ -62,9 +67,29 @@ def last_selected(queue: DownloaderAwarePriorityQueue) -> str | None:
 slot_load: Callable[[Any], tuple[Any, int]] = operator.attrgetter("active", "concurrency")
 
 
+def engine_of(crawler: Crawler | None) -> ExecutionEngine | None:
+    """``crawler.engine``, or None when not crawling: 2.13 answers None there, 2.19 raises RuntimeError."""
+    try:
+        return getattr(crawler, "engine", None)
+    except RuntimeError:
+        return None
+
+
+def slot_key(crawler: Crawler | None, request: Request) -> str:
+    """``Downloader.get_slot_key`` (2.13-2.19), or without an engine (a middleware or queue used
+    outside a crawl) what it answers with no IP concurrency: ``download_slot`` meta, else the host."""
+    engine = engine_of(crawler)
+    if engine is not None:
+        return engine.downloader.get_slot_key(request)
+    meta_slot = request.meta.get("download_slot")
+    if meta_slot is not None:
+        return str(meta_slot)
+    return urlparse_cached(request).hostname or ""
+
+
 def downloader_slots(crawler: Crawler) -> dict[str, Any]:
     """``engine.downloader.slots`` (2.13-2.19): download slot key -> scrapy.core.downloader.Slot."""
-    engine = getattr(crawler, "engine", None)
+    engine = engine_of(crawler)
     slots: dict[str, Any] = getattr(getattr(engine, "downloader", None), "slots", {})
     return slots
 
@@ -97,7 +122,7 @@ def nudge_engine(crawler: Crawler) -> None:
 
     Scrapy has no public call for it; without it a reopened slot waits for the next heartbeat (5 s).
     """
-    engine_slot = getattr(getattr(crawler, "engine", None), "_slot", None)
+    engine_slot = getattr(engine_of(crawler), "_slot", None)
     nextcall = getattr(engine_slot, "nextcall", None)
     if nextcall is not None:
         nextcall.schedule()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 import pytest
@@ -11,6 +12,7 @@ from scrapy import Request
 from scrapy.utils.defer import deferred_from_coro
 
 from scrapy_retryafter import RetryAfterSettingError
+from scrapy_retryafter.retry_reporting import SCRAPY_HAS_GIVE_UP_LEVEL
 from scrapy_retryafter.testing.server import HostConfig
 
 from .conftest import ADDON, crawl
@@ -38,7 +40,9 @@ async def test_retry_after_2_holds_the_retry_for_2_5_seconds(server, form):
     stats = crawler.stats.get_stats()
     assert stats["retry_after/throttled/429"] == 1
     assert stats["retry_after/retried"] == 1
-    assert "retry/count" not in stats
+    # Scrapy's own retry stats count the throttle too, with stock's reason string.
+    assert stats["retry/count"] == 1
+    assert stats["retry/reason_count/429 Unknown Status"] == 1
 
 
 @pytest_twisted.ensureDeferred
@@ -124,8 +128,34 @@ async def test_gives_up_after_max_retries_and_scrapy_does_not_retry_again(server
     stats = crawler.stats.get_stats()
     assert stats["retry_after/gave_up"] == 1
     assert stats["retry_after/retried"] == 2
-    assert "retry/count" not in stats
+    assert stats["retry/count"] == 2  # our two; Scrapy's RetryMiddleware does not retry the final 429
     assert len(crawler.spider.failures) == 1  # HttpError for the final 429
+
+
+@pytest.mark.skipif(not SCRAPY_HAS_GIVE_UP_LEVEL, reason="Scrapy < 2.17 has no RETRY_GIVE_UP_LOG_LEVEL")
+@pytest_twisted.ensureDeferred
+async def test_a_give_up_log_level_that_is_no_level_fails_at_start(server):
+    host = server.add_host()
+    server.start()
+    with pytest.raises(RetryAfterSettingError, match="RETRY_GIVE_UP_LOG_LEVEL"):
+        await crawl([Request(host.url("/"))], {**ADDON, "RETRY_GIVE_UP_LOG_LEVEL": "LOUD"})
+    assert server.arrivals(host) == []
+
+
+@pytest.mark.parametrize("level", [None, "INFO"])
+@pytest_twisted.ensureDeferred
+async def test_the_give_up_line_honours_retry_give_up_log_level(server, caplog, level):
+    host = server.add_host(HostConfig(reject_first=10**6, penalty=0.01, retry_after="0.1"))
+    server.start()
+    settings = {**ADDON, "RETRY_AFTER_MAX_RETRIES": 1, "RETRY_AFTER_PAD": 1.0, "RETRY_AFTER_PARKING": False}
+    if level is not None:
+        settings["RETRY_GIVE_UP_LOG_LEVEL"] = level
+    with caplog.at_level(logging.DEBUG, logger="scrapy_retryafter"):
+        crawler = await crawl([Request(host.url("/"))], settings)
+    [line] = [r for r in caplog.records if r.getMessage().startswith("Gave up")]
+    # Stock's default, ERROR; the setting only on Scrapy 2.17+, as stock.
+    assert line.levelname == ("INFO" if level and SCRAPY_HAS_GIVE_UP_LEVEL else "ERROR")
+    assert crawler.stats.get_value("retry/count") == 1
 
 
 @pytest.mark.parametrize("key, expected", [(None, [503]), ("k-1", [503, 200])])
@@ -198,7 +228,7 @@ async def test_middleware_alone_still_obeys_the_cooldown(server):
     arrivals = server.arrivals(host)
     assert [a.status for a in arrivals] == [429, 200, 200, 200]
     assert gaps(arrivals)[0] >= 2 * PAD - 0.01
-    assert "retry/count" not in crawler.stats.get_stats()
+    assert crawler.stats.get_value("retry/count") == 1
 
 
 @pytest_twisted.ensureDeferred
@@ -212,7 +242,7 @@ async def test_middleware_alone_keeps_scrapy_from_retrying_after_a_give_up(serve
     }
     crawler = await crawl([Request(host.url("/"))], settings)
     assert len(server.arrivals(host)) == 2
-    assert "retry/count" not in crawler.stats.get_stats()
+    assert crawler.stats.get_value("retry/count") == 1  # ours; none by Scrapy's after the give-up
 
 
 @pytest_twisted.ensureDeferred

@@ -12,6 +12,7 @@ from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.test import get_crawler
 
 from scrapy_retryafter.holding import GiveUp
+from scrapy_retryafter.retry_reporting import SCRAPY_HAS_GIVE_UP_LEVEL
 
 
 class ParkFileStandIn:
@@ -48,6 +49,7 @@ def test_a_request_given_up_is_parked_with_why_and_when(crawler, caplog):
     assert crawler.stats.get_value("retry_after/gave_up") == 1
     [record] = caplog.records
     assert "after 3 throttle(s) (last 429): 4 retries exhausted; parked until" in record.getMessage()
+    assert record.levelno == logging.WARNING  # parked: not a give-up, whatever RETRY_GIVE_UP_LOG_LEVEL says
 
 
 @pytest.mark.parametrize(
@@ -86,3 +88,29 @@ def test_a_request_held_at_close_is_parked_or_else_failed(crawler):
     with pytest.raises(IgnoreRequest):
         give_up(crawler, None).at_close(request, "a.test", "the crawl closed", 1, 2.0)
 
+
+
+@pytest.mark.parametrize(
+    "setting, meta, expected",
+    [
+        (None, None, logging.ERROR),
+        ("INFO", None, logging.INFO),
+        ("INFO", "DEBUG", logging.DEBUG),
+        ("DEBUG", "warning", logging.WARNING),
+        (None, "not a level", logging.ERROR),
+    ],
+)
+@pytest.mark.parametrize("parking", [None, ParkFileStandIn()], ids=["parking off", "parking on"])
+def test_the_give_up_line_has_stock_scrapys_level_and_a_parked_request_stays_a_warning(
+    caplog, setting, meta, expected, parking
+):
+    crawler = get_crawler(Spider, {} if setting is None else {"RETRY_GIVE_UP_LOG_LEVEL": setting})
+    request = Request("http://a.test/1", meta={} if meta is None else {"give_up_log_level": meta})
+    with caplog.at_level(logging.DEBUG, logger="scrapy_retryafter"):
+        give_up(crawler, parking)(request, "a.test", 429, "4 retries exhausted", "retries_exhausted", 5.0)
+    [record] = [r for r in caplog.records if r.getMessage().startswith("Gave up")]
+    if parking is not None:
+        assert record.levelno == logging.WARNING
+    else:
+        # Scrapy < 2.17 has neither knob: stock logs ERROR.
+        assert record.levelno == (expected if SCRAPY_HAS_GIVE_UP_LEVEL else logging.ERROR)

@@ -190,3 +190,27 @@ def test_a_pop_repeated_with_its_token_answers_the_same_request_again(client, pr
     assert frontier.pop(token="2") == ("a", b"2")  # what the last pop took is remembered
     frontier.clear()
     assert client.keys(f"{prefix}:requests*".encode()) == []
+
+
+def test_a_queue_built_from_a_bare_spider_is_a_plain_priority_queue(client, prefix):
+    """A script seeding a frontier has a Spider but no crawler: no board, no downloader to ask."""
+    from scrapy import Request, Spider
+
+    from scrapy_retryafter.redis.queue import CooldownAwareRedisQueue
+
+    queue = CooldownAwareRedisQueue(client, Spider("seed"), f"{prefix}:%(spider)s:requests")
+    assert queue.key == f"{prefix}:seed:requests"
+    for url, priority in [("http://a.example/1", 0), ("http://a.example/2", 5), ("http://a.example/3", -1)]:
+        queue.push(Request(url, priority=priority))
+    queue.push(Request("http://b.example/x", meta={"download_slot": "custom"}))
+    assert len(queue) == 4
+    assert {key.decode() for key in client.keys(f"{prefix}:seed:requests:slot:*")} == {
+        f"{prefix}:seed:requests:slot:a.example", f"{prefix}:seed:requests:slot:custom"
+    }
+    popped = [queue.pop() for _ in range(4)]
+    assert queue.pop() is None
+    by_host = [r.url for r in popped if "a.example" in r.url]
+    assert by_host == ["http://a.example/2", "http://a.example/1", "http://a.example/3"]
+    queue.push(Request("http://a.example/4"))
+    queue.clear()
+    assert len(queue) == 0

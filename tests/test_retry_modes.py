@@ -144,3 +144,55 @@ async def test_without_our_queue_a_retry_waiting_in_the_downloader_when_the_craw
     assert [(r["url"], r["reason"]) for r in records] == [(host.url("/waiting"), "held_at_close")]
     assert "backoff" in records[0]["detail"]
     assert [a.status for a in server.arrivals(host)] == [502]
+
+
+def test_our_retry_middleware_works_on_a_crawler_that_is_not_crawling():
+    """Built and called by hand, as Scrapy's own tests do: no engine (2.19 raises RuntimeError for it), and
+    the spider given as an argument only (2.13), so the slot is the request's host or download_slot."""
+    from scrapy import Spider
+    from scrapy.http import Response
+    from scrapy.utils.test import get_crawler
+    from twisted.internet.error import TimeoutError as TwistedTimeoutError
+
+    from scrapy_retryafter import RetryMiddleware
+
+    crawler = get_crawler(Spider, {"RETRY_AFTER_ALL_RETRIES": True, "RETRY_AFTER_PARKING": False})
+    spider = crawler._create_spider("by_hand")
+    try:
+        crawler.stats.open_spider()
+    except TypeError:  # Scrapy < 2.14 passes the spider
+        crawler.stats.open_spider(spider)
+    middleware = RetryMiddleware.from_crawler(crawler)
+    crawler.spider = None  # as on Scrapy 2.13, where only the argument carries it
+    request = Request("http://a.example/x")
+    retry = middleware.process_exception(request, TwistedTimeoutError(), spider)
+    assert isinstance(retry, Request) and retry.meta["retry_times"] == 1
+    slotted = Request("http://a.example/y", meta={"download_slot": "mine"})
+    retry = middleware.process_response(slotted, Response(slotted.url, status=502, request=slotted), spider)
+    assert isinstance(retry, Request) and retry.meta["retry_times"] == 1
+    assert middleware._retry_after.slot_of(request) == "a.example"
+    assert middleware._retry_after.send_back("a.example") == 0
+    assert crawler.stats.get_value("retry/count") == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_our_retry_middleware_alone_says_once_that_throttles_go_unretried(server, caplog):
+    host = server.add_host(HostConfig(reject_first=1, penalty=0.01, retry_after="0.1"))
+    server.start()
+    settings = {
+        "DOWNLOADER_MIDDLEWARES": {
+            "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
+            "scrapy_retryafter.RetryMiddleware": 550,
+        },
+        "RETRY_AFTER_PARKING": False,
+    }
+    with caplog.at_level(logging.WARNING, logger="scrapy_retryafter"):
+        await crawl([Request(host.url("/"))], settings)
+    said = [r for r in caplog.records if "without scrapy_retryafter.RetryAfterMiddleware" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    assert "[429, 503]" in said[0].getMessage()
+    assert [a.status for a in server.arrivals(host)] == [429]  # what the line says: not retried
+    with caplog.at_level(logging.WARNING, logger="scrapy_retryafter"):
+        caplog.clear()
+        await crawl([Request(host.url("/again"))], {**ADDON, "RETRY_AFTER_PARKING": False})
+    assert not [r for r in caplog.records if "without scrapy_retryafter.RetryAfterMiddleware" in r.getMessage()]

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 
+from .. import scrapy_compat
 from ..failures import NOT_BEFORE
 from .link import FrontierLink, FrontierUnreachable
 
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
     from scrapy import Request, Spider
+
+    from ..board import CooldownBoard
 
 __all__ = ["CooldownAwareRedisQueue", "SlotFrontier"]
 
@@ -53,6 +56,8 @@ _SCAN_EXTRA = 16
 _MOVE_LATER = 50
 """Retries whose backoff ended, moved into their slots per pop at most."""
 _OWNER_MEMORY = 3600
+_TIMEOUT_WITHOUT_CRAWL = 0.5
+"""Seconds a Redis call may take for a queue built outside a crawl (RETRY_AFTER_REDIS_TIMEOUT's default)."""
 """Seconds a process's last push and pop tokens are kept after its last call."""
 
 # KEYS: slots, count, seq, later, later info, this process's last push;
@@ -198,7 +203,9 @@ class SlotFrontier:
 class CooldownAwareRedisQueue:
     """SCHEDULER_QUEUE_CLASS for scrapy-redis: one shared frontier, cooling hosts held in it.
 
-    scrapy-redis's scheduler builds it with (server, spider, key, serializer).
+    scrapy-redis's scheduler builds it with (server, spider, key, serializer). A script
+    seeding a frontier builds it with a bare ``Spider(name)``, crawler-less: it then
+    pushes and pops as a plain priority queue per slot, with no board to consult.
     """
 
     def __init__(self, server: Any, spider: Spider, key: str, serializer: Any = None) -> None:
@@ -208,14 +215,20 @@ class CooldownAwareRedisQueue:
         self.spider = spider
         self.key = key % {"spider": spider.name} if "%(" in key else key
         self.serializer = serializer if serializer is not None else pickle
-        crawler = spider.crawler
-        self._extension = RetryAfterExtension.of(crawler)
-        self._extension.queue_holds_slots = True
-        self._board = self._extension.board
-        redis = self._extension.config.redis
-        prefix = redis.prefix if redis is not None else "retry_after"
-        self._downloader = crawler.engine.downloader  # type: ignore[union-attr]
-        self._link = FrontierLink.of(crawler, server)
+        crawler = getattr(spider, "crawler", None)
+        self._crawler = crawler
+        self._extension: RetryAfterExtension | None = None
+        self._board: CooldownBoard | None = None
+        prefix = "retry_after"
+        if crawler is not None:
+            self._extension = RetryAfterExtension.of(crawler)
+            self._extension.queue_holds_slots = True
+            self._board = self._extension.board
+            redis = self._extension.config.redis
+            prefix = redis.prefix if redis is not None else prefix
+            self._link = FrontierLink.of(crawler, server)
+        else:
+            self._link = FrontierLink(server, _TIMEOUT_WITHOUT_CRAWL, spider=spider)
         self._link.flushers.append(self._flush_pending)
         self._frontier = SlotFrontier(self._link.client, self.key, prefix)
         self._tokens = (str(n) for n in itertools.count(1))
@@ -223,8 +236,9 @@ class CooldownAwareRedisQueue:
         self._pending: collections.deque[tuple[str, bytes, int, float, str]] = collections.deque()
         """Pushes Redis has not taken yet: (slot, data, priority, not before (epoch), token), in order."""
         self._last_len = 0
-        self._extension.held_requests.append(self._take_pending)
-        crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
+        if crawler is not None and self._extension is not None:
+            self._extension.held_requests.append(self._take_pending)
+            crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
         self._migrate()
 
     def _encode(self, request: Request) -> bytes:
@@ -236,7 +250,7 @@ class CooldownAwareRedisQueue:
         return request_from_dict(self.serializer.loads(data), spider=self.spider)
 
     def push(self, request: Request) -> None:
-        slot = self._downloader.get_slot_key(request)
+        slot = scrapy_compat.slot_key(self._crawler, request)
         not_before = 0.0
         if NOT_BEFORE in request.meta:
             try:
@@ -268,31 +282,39 @@ class CooldownAwareRedisQueue:
 
     def pop(self, timeout: float = 0) -> Request | None:
         """Never blocks: a slot that may send is found now or the engine is woken when one may."""
-        board = self._board
-        now = board.clock()
+        board, extension = self._board, self._extension
         held: list[str] = []
         soonest = float("inf")
-        for slot in board:
-            when = board.ready_at(slot, 1)
-            if when > now:
-                held.append(slot)
-                soonest = min(soonest, when)
-        held += [key for key, slot in self._downloader.slots.items() if len(slot.active) >= slot.concurrency]
+        now = 0.0
+        if board is not None:
+            now = board.clock()
+            for slot in board:
+                when = board.ready_at(slot, 1)
+                if when > now:
+                    held.append(slot)
+                    soonest = min(soonest, when)
+        held += [
+            key for key, slot in scrapy_compat.downloader_slots(self._crawler).items()  # type: ignore[arg-type]
+            if len(slot.active) >= slot.concurrency
+        ]
         try:
             answer = self._link.call(lambda: self._frontier.pop(held, self._pop_token))
         except FrontierUnreachable:
-            self._extension.wake_at(self._link.outage.retry_at)
+            if extension is not None:
+                extension.wake_at(self._link.outage.retry_at)
             return None
         self._pop_token = next(self._tokens)
         if isinstance(answer, tuple):
             slot, data = answer
-            if board.holds(slot):
+            if board is not None and board.holds(slot):
                 board.released(slot)
             return self._decode(data)
+        if extension is None:
+            return None
         if answer is not None:
             soonest = min(soonest, now + answer)
         if soonest < float("inf") and len(self):
-            self._extension.wake_at(soonest)
+            extension.wake_at(soonest)
         return None
 
     def __len__(self) -> int:
