@@ -18,6 +18,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .backoff import STRATEGIES
+from .banrules import load_ban_rules
+from .floors import load_crawl_delay_settings
+from .scopes import load_scope_config
 from .policy import SlotPolicy
 
 __all__ = [
@@ -337,8 +340,15 @@ _OTHER_SETTINGS = (
     "RETRY_AFTER_ALL_RETRIES",
     "RETRY_AFTER_REDIS_URL",
     "RETRY_AFTER_MEMORY_AGE",
+    "RETRY_AFTER_ROBOTSTXT_OBEY",
+    "RETRY_AFTER_ROBOTSTXT_MAX_DELAY",
 )
-KNOWN_SETTINGS: frozenset[str] = frozenset(SETTING_NAMES.values()) | frozenset(_REDIS_FIELDS) | frozenset(_OTHER_SETTINGS)
+NOT_YET_READ = ("RETRY_AFTER_SCOPES", "RETRY_AFTER_BAN_RULES", "RETRY_AFTER_BAN_BODY_BYTES")
+"""Settings whose parsers ship (scopes.py, banrules.py) but that no crawl reads
+yet: set, they get a WARNING saying so rather than the closest-name hint."""
+KNOWN_SETTINGS: frozenset[str] = (
+    frozenset(SETTING_NAMES.values()) | frozenset(_REDIS_FIELDS) | frozenset(_OTHER_SETTINGS) | frozenset(NOT_YET_READ)
+)
 """Every setting the package reads. A new setting goes into one of the three
 tables above, or the guard warns that it is unknown."""
 
@@ -435,6 +445,11 @@ def _load_config(settings: Mapping[str, Any] | Any) -> Config:
     all_retries = False if all_retries is None else _bool("RETRY_AFTER_ALL_RETRIES", all_retries)
     raw_age = get("RETRY_AFTER_MEMORY_AGE")
     memory_age = 604800.0 if raw_age is None else _checked_with(_MEMORY_AGE, "RETRY_AFTER_MEMORY_AGE", raw_age)
+    for load in (load_crawl_delay_settings, load_ban_rules, load_scope_config):
+        try:
+            load(get)  # checked at start like every other setting; SlotFloors reads its own again
+        except ValueError as error:
+            raise RetryAfterSettingError(str(error)) from None
     return Config(
         enabled=enabled, default=default, slots=slots, parking=parking,
         park_file=_park_file(get("RETRY_AFTER_PARK_FILE")), logstats_interval=interval,
@@ -476,6 +491,11 @@ def warn_unknown_settings(settings: Mapping[str, Any] | Any, log: logging.Logger
     lines = [
         f"Unknown setting {name} is ignored; did you mean {closest}?"
         for name, closest in unknown_settings(list(settings.keys()))
+    ]
+    lines += [
+        f"{name} is not read by this release yet (scopes and ban rules are parsed, not applied): it is ignored"
+        for name in NOT_YET_READ
+        if name in settings
     ]
     for line in lines:
         log.warning("%s", line)

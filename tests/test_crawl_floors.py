@@ -59,6 +59,30 @@ async def test_crawl_delay_half_a_second_spaces_every_request_to_the_host(robots
 
 
 @needs_signal
+@pytest.mark.parametrize(
+    "install",
+    [
+        {"ADDONS": {"scrapy_retryafter.Addon": 500}},
+        # The design card's way: the middleware, with the floor extension beside it.
+        {
+            "DOWNLOADER_MIDDLEWARES": {"scrapy_retryafter.RetryAfterMiddleware": 560},
+            "EXTENSIONS": {"scrapy_retryafter.slotfloors.SlotFloors": 502},
+        },
+    ],
+    ids=["addon", "middleware"],
+)
+@pytest_twisted.ensureDeferred
+async def test_crawl_delay_holds_with_the_add_on_and_with_the_middleware(robots_server: Any, install: dict) -> None:
+    host = robots_server.add_host()
+    robots_server.start()
+    settings = {**install, "ROBOTSTXT_OBEY": True, "CONCURRENT_REQUESTS": 16, "CONCURRENT_REQUESTS_PER_DOMAIN": 8}
+    crawler = await crawl([Request(host.url(f"/page/{i}")) for i in range(8)], settings)
+    assert len(crawler.spider.seen) == 8
+    assert min(gaps(robots_server, host)) >= 0.5 - SLACK
+    assert crawler.stats.get_value("retry_after/crawl_delay/hosts") == 1
+
+
+@needs_signal
 @pytest_twisted.ensureDeferred
 async def test_the_floor_holds_when_a_slot_jitters_by_its_own_setting(robots_server: Any) -> None:
     host = robots_server.add_host()
