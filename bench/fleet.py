@@ -105,7 +105,7 @@ async def main(args: argparse.Namespace) -> None:
           "| seconds | × ideal |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for hosts, processes, label, results in table:
-        def median(key: str) -> float:
+        def median(key: str, results: list = results) -> float:
             return statistics.median(r[key] for r in results)
 
         print(f"| {hosts} | {processes} | {label} | {median('pages'):.0f} / {args.pages} | {median('rate'):.2f} "

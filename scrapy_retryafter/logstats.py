@@ -24,7 +24,6 @@ from .timers import looping_call
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
-
     from typing_extensions import Self
 
 __all__ = ["RetryAfterLogStats", "sent_rates"]

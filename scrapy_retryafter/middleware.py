@@ -26,8 +26,8 @@ from .headers import parse_retry_after
 from .holding import THROTTLES
 from .policy import Decision, SlotPolicy, decide
 from .quota import decide_quota, wants_window
-from .retry_reporting import count_retry
 from .ratelimit import parse_ratelimit, parse_retry_after_ms, speaks_ratelimit
+from .retry_reporting import count_retry
 from .slot_events import SlotEvents
 
 if TYPE_CHECKING:

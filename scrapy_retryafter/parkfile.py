@@ -872,7 +872,7 @@ class ParkFile:
         try:
             fold, offset = Fold(), 0
             before = _identity(os.fstat(fd))
-            for line, offset, kind in _lines(fd, 0, complete=False, end=_committed(fd)):
+            for line, offset, kind in _lines(fd, 0, complete=False, end=_committed(fd)):  # noqa: B007 (read after)
                 _apply_line(fold, line, kind)
             locked = self._locked(dir_fd, create=False)
             if locked is None:
@@ -881,7 +881,7 @@ class ParkFile:
                 if _identity(os.fstat(locked)) != before:
                     fold, offset = Fold(), 0  # compacted meanwhile: read it all under the lock
                 end = offset
-                for line, end, kind in _lines(locked, offset, complete=True):
+                for line, end, kind in _lines(locked, offset, complete=True):  # noqa: B007 (read after)
                     _apply_line(fold, line, kind)
             except BaseException:
                 os.close(locked)
@@ -998,7 +998,7 @@ class ParkFile:
     def _compact_fold(self, dir_fd: int, fd: int, release_own: bool, fold: Fold) -> int:
         offset = 0
         before = _identity(os.fstat(fd))
-        for line, offset, kind in _lines(fd, 0, complete=False, end=_committed(fd)):
+        for line, offset, kind in _lines(fd, 0, complete=False, end=_committed(fd)):  # noqa: B007 (read after)
             _apply_line(fold, line, kind)
         mine = self.owner
         claims: dict[Owner, list[str]] = {}

@@ -113,7 +113,7 @@ class Parking:
         self.stats = crawler.stats
         self.held_at_close = held_at_close
         self.jobdir = crawler.settings.get("JOBDIR") or None
-        if parkfile_module.fcntl is None:
+        if getattr(parkfile_module, "fcntl", None) is None:
             raise RetryAfterSettingError(
                 "RETRY_AFTER_PARKING: parking needs POSIX file locks (fcntl), which this platform lacks; "
                 "set RETRY_AFTER_PARKING = False"
@@ -208,7 +208,7 @@ class Parking:
         try:
             raw = request.to_dict(spider=self.crawler.spider)
             raw["meta"] = {key: value for key, value in raw["meta"].items() if key not in _TRANSIENT_META}
-            return encode_value(raw)  # type: ignore[no-any-return]
+            return encode_value(raw)
         except (TypeError, ValueError) as error:
             self._url_only(request, f"the request cannot be serialized ({error})")
             return None

@@ -8,6 +8,7 @@ as a crawl that never waits.
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import logging
 import math
@@ -20,8 +21,8 @@ from urllib.parse import urlsplit
 from .backoff import STRATEGIES
 from .banrules import load_ban_rules
 from .floors import load_crawl_delay_settings
-from .scopes import load_scope_config
 from .policy import SlotPolicy
+from .scopes import load_scope_config
 
 __all__ = [
     "KNOWN_SETTINGS",
@@ -416,6 +417,10 @@ def load_config(settings: Mapping[str, Any] | Any) -> Config:
         raise
 
 
+def _slot_key_name(slot: str, key: str) -> str:
+    return f"RETRY_AFTER_SLOTS[{slot!r}][{key!r}]"
+
+
 def _load_config(settings: Mapping[str, Any] | Any) -> Config:
     get = settings.get
     enabled = _bool("RETRY_AFTER_ENABLED", True if get("RETRY_AFTER_ENABLED") is None else get("RETRY_AFTER_ENABLED"))
@@ -435,9 +440,7 @@ def _load_config(settings: Mapping[str, Any] | Any) -> Config:
                 f"RETRY_AFTER_SLOTS[{slot!r}] has unknown key(s) {', '.join(map(repr, unknown))}; "
                 f"accepted keys: {', '.join(sorted(known))}"
             )
-        slots[slot] = _policy(
-            default, overrides, lambda key, slot=slot: f"RETRY_AFTER_SLOTS[{slot!r}][{key!r}]"
-        )
+        slots[slot] = _policy(default, overrides, functools.partial(_slot_key_name, slot))
     parking = _bool("RETRY_AFTER_PARKING", True if get("RETRY_AFTER_PARKING") is None else get("RETRY_AFTER_PARKING"))
     logstats = get("RETRY_AFTER_LOGSTATS_INTERVAL")
     interval = 30.0 if logstats is None else _interval("RETRY_AFTER_LOGSTATS_INTERVAL", logstats)

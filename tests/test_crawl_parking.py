@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
 import os
 import stat
+import sys
 import time
 from datetime import datetime
 from pathlib import Path

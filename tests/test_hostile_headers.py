@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from email.utils import format_datetime
 from datetime import datetime, timezone
+from email.utils import format_datetime
 from typing import Any
 
 import pytest

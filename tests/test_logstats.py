@@ -14,8 +14,8 @@ from scrapy.settings import Settings
 
 from scrapy_retryafter import Addon, RetryAfterLogStats, RetryAfterSettingError, load_config
 from scrapy_retryafter.logstats import sent_rates
-from scrapy_retryafter.testing.server import HostConfig
 from scrapy_retryafter.tally import SlotTally, SlotView, live_line, live_lines, summary_rows, summary_table
+from scrapy_retryafter.testing.server import HostConfig
 
 from .conftest import ADDON, crawl
 

@@ -10,8 +10,20 @@ from hypothesis import strategies as st
 
 from scrapy_retryafter.board import CooldownBoard
 from scrapy_retryafter.rate import (
-    AGAIN, BUCKET, DOUBLING, DROP_GUARD, HELD, MARGIN, PINNED, PROBE_COOLDOWN, PROBE_SCALE, RESTART, STEADY_SCALE, Meter,
-    RateController, doubling_step,
+    AGAIN,
+    BUCKET,
+    DOUBLING,
+    DROP_GUARD,
+    HELD,
+    MARGIN,
+    PINNED,
+    PROBE_COOLDOWN,
+    PROBE_SCALE,
+    RESTART,
+    STEADY_SCALE,
+    Meter,
+    RateController,
+    doubling_step,
 )
 from scrapy_retryafter.testing.clock import FakeClock
 

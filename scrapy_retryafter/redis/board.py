@@ -61,7 +61,7 @@ class RedisBoard(FleetRules):
         self,
         config: RedisConfig,
         clock: Callable[[], float] = time.monotonic,
-        rng: Random = random,  # type: ignore[assignment]
+        rng: Random = random,
         pace_memory: float = 600.0,
         policy: Callable[[str], SlotPolicy] = lambda slot: _DEFAULT_POLICY,
         exchange: Exchange | None = None,

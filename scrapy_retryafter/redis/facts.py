@@ -43,7 +43,7 @@ class FleetFacts(CooldownBoard):
     def __init__(
         self,
         clock: Callable[[], float] = time.monotonic,
-        rng: Random = random,  # type: ignore[assignment]
+        rng: Random = random,
         pace_memory: float = 600.0,
         policy: Callable[[str], SlotPolicy] = lambda slot: _DEFAULT_POLICY,
         refresh: float = 0.1,
@@ -149,7 +149,7 @@ class FleetFacts(CooldownBoard):
         for slot, rate, cut, who in reply.rates:
             if who != self.process_id and slot in self._slots:
                 self._adopt_rate(slot, rate, now, cut)
-        for slot, rate, cut, who in reply.asked:
+        for slot, rate, cut, _who in reply.asked:
             state = self._slots.get(slot)
             if state is None or state.pace is None:
                 self._adopt_rate(slot, rate, now, cut)

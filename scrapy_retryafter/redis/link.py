@@ -82,7 +82,7 @@ class FrontierLink:
         self.url = _describe(server)
         self.stats = stats
         self.spider = spider
-        self.outage = Outage(clock, random)  # type: ignore[arg-type]
+        self.outage = Outage(clock, random)
         self.flushers: list[Callable[[], tuple[int, int]]] = []
         """Write what was kept locally; each returns (requests, fingerprints) written."""
         self._errors = _redis_errors()

@@ -23,7 +23,7 @@ BACKOFF_MAX = 5.0
 class Outage:
     """The state of one connection: up, or lost since ``since`` and tried again at ``retry_at``."""
 
-    def __init__(self, clock: Callable[[], float], rng: Random = random) -> None:  # type: ignore[assignment]
+    def __init__(self, clock: Callable[[], float], rng: Random = random) -> None:
         self.clock = clock
         self.rng = rng
         self.lost = False

@@ -376,7 +376,7 @@ class CooldownAwareRedisQueue:
                     batch = [(item, 0) for item in self.server.lrange(self.key, 0, 99)]
                 if not batch:
                     break
-                for data, score in batch:
+                for data, _score in batch:
                     request = self._decode(data)
                     self.push(request)
                     if kind == "zset":

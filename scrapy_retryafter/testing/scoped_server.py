@@ -352,7 +352,7 @@ class _ForwardRequest(http.Request):
 
 
 class _ProxyChannel(http.HTTPChannel):
-    requestFactory = _ForwardRequest  # type: ignore[assignment]
+    requestFactory = _ForwardRequest
 
 
 class LoopbackProxy:
