@@ -53,9 +53,10 @@ class SlotFloors:
         self.crawl_delays: dict[str, float] = {}
         """netloc -> its robots.txt Crawl-delay (capped), one per host the crawl asked robots.txt of."""
         self._sources: list[FloorSource] = []
+        self._watching = False
         if read_robots:
             crawler.signals.connect(self._robots_parsed, signal=signals.robots_parsed)
-        crawler.signals.connect(self._request_reached_downloader, signal=signals.request_reached_downloader)
+            self._watch()
         agent = crawler.settings.get("ROBOTSTXT_USER_AGENT")
         self._robots_agent: str | None = agent or None
         self._default_agent: str = crawler.settings.get("USER_AGENT") or "Scrapy"
@@ -76,6 +77,13 @@ class SlotFloors:
 
     def add_floor_source(self, source: FloorSource) -> None:
         self._sources.append(source)
+        self._watch()
+
+    def _watch(self) -> None:
+        """Look at requests only when there can be a floor: a crawl without one pays nothing per request."""
+        if not self._watching:
+            self._watching = True
+            self.crawler.signals.connect(self._request_reached_downloader, signal=signals.request_reached_downloader)
 
     def floor_for(self, slot: str, netloc: str) -> float:
         crawl_delay = 0.0 if slot in self.settings.ignore else self.crawl_delays.get(netloc, 0.0)
