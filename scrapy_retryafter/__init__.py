@@ -5,6 +5,10 @@ imports ``scrapy_retryafter.commands`` through its ``scrapy.commands`` entry
 point on every ``scrapy`` call, in every project, and a failure there would
 break every Scrapy command, so importing the package itself does nothing
 that can fail.
+
+Public: these names, the class paths the settings name, ``signals`` and
+``testing``; every other module is internal and may change in any release
+(the manual's "What you may import").
 """
 
 from __future__ import annotations
