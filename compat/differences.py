@@ -87,15 +87,8 @@ INTENDED: list[Difference] = [
 # Fixed, no longer listed: the engine-less slot key, the spider argument on 2.13, the crawler-less Redis queue
 # (tests/test_retry_modes.py::test_our_retry_middleware_works_on_a_crawler_that_is_not_crawling,
 # tests/test_redis_queue.py::test_a_queue_built_from_a_bare_spider_is_a_plain_priority_queue).
-_CLOSE_COROUTINE_DROPPED = (
-    "Parking's spider_closed handler (parking.py _spider_closed) returns a coroutine (Parking._closing) for the "
-    "engine to await; the test sends spider_closed with the synchronous send_catch_log, which drops it unawaited, "
-    "and pytest turns the 'coroutine ... was never awaited' unraisable warning into a failure (fails on both "
-    "runs with the package, passes as released). Fix: return a Deferred started at once instead of a coroutine"
-)
 
 INCOMPATIBLE: list[Difference] = [
-    Difference((S219,), "tests/test_spider_crawl.py::TestCrawlSpider::test_closed_signal_call", _CLOSE_COROUTINE_DROPPED),
 ]
 
 HARNESS: list[HarnessChange] = [
