@@ -182,13 +182,6 @@ _EXAMPLES = settings(max_examples=300, deadline=None, suppress_health_check=[Hea
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="rate.py RateController.succeeded: 2 ** (1 / (rate * DOUBLING)) raises OverflowError for an announced "
-    "pace under ~0.004/s (e.g. X-RateLimit-Limit 60, Remaining 10, Reset 50 minutes away) in the "
-    "response_downloaded handler; fix in rate.py/the pace decision at merge",
-)
 @_EXAMPLES
 @given(responses=_RESPONSES)
 @example(  # found by the search: an announced pace of 1/256 per second, then any success
@@ -212,12 +205,6 @@ def test_never_cools_past_the_cap(crawl, responses):
     assert crawl.board.refused(slot) <= WEEK
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a stated quota slower than one request per RETRY_AFTER_MAX_DELAY becomes the pace as it is "
-    "(X-RateLimit-Remaining 1 with a reset an hour away: one request per 3600 s); issue 16 item 7 says such a "
-    "quota is a refusal until its reset: the pace decision (middleware/board) must do that at merge",
-)
 @_EXAMPLES
 @given(responses=_RESPONSES)
 @example(  # found by the search: one left, reset in 301 s, paced at one request per 301 s
@@ -267,7 +254,6 @@ def test_a_window_of_a_billion_seconds_does_not_stall_for_decades(crawl):
     assert rate is not None and 1 / rate <= 2 * WEEK  # a week's window at one request: not 31 years
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="rate.py OverflowError on every response, as in the issue")
 def test_a_github_style_hourly_quota_raises_nothing(crawl):
     reset = str(int(time.time() + 3000)).encode()
     headers = [("X-RateLimit-Limit", b"60"), ("X-RateLimit-Remaining", b"10"), ("X-RateLimit-Reset", reset)]
