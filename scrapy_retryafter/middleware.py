@@ -154,6 +154,8 @@ class RetryAfterMiddleware:
         reset_at = facts.reset_at
         window = self.board.quota_window(slot, reset_at) if reset_at is not None and wants_window(facts) else None
         decision = decide_quota(facts, window, self._on_the_wire(slot), policy.max_delay)
+        if decision.refuse:
+            self.board.refuse(slot, decision.refuse)
         rate = decision.rate
         if rate is not None and rate != self.board.rate(slot):
             if self.board.rate(slot) is None:

@@ -7,7 +7,9 @@ pace and a cooldown are here, pure, so that a table tests them:
   from successive resets; else spread what is left until the reset;
 - cool until the reset when the quota left is spent by the requests already
   on the wire;
-- never cool past the cap (RETRY_AFTER_MAX_DELAY): such a reset is skipped.
+- never cool past the cap (RETRY_AFTER_MAX_DELAY): such a reset is skipped;
+- never pace slower than one request per cap: such a quota is a refusal
+  until its reset (cooled when the reset is within the cap, refused past it).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class QuotaDecision:
     """Seconds to cool the slot until its quota resets; 0.0: no cooldown."""
     past_cap: bool = False
     """The quota is spent but its reset is past the cap: not cooled."""
+    refuse: float = 0.0
+    """Seconds to refuse the slot: its quota is slower than one request per cap, and resets past the cap."""
 
 
 def wants_window(facts: RateLimitFacts) -> bool:
@@ -47,6 +51,13 @@ def decide_quota(facts: RateLimitFacts, window: float | None, on_the_wire: int, 
         rate = quota_pace(facts.quota, window)
     if rate is None and facts.remaining and facts.reset:
         rate = facts.remaining / facts.reset  # no stated window: spread what is left until the reset
+    if rate is not None and rate * max_delay < 1.0:
+        # slower than one request per cap: not a pace but a refusal until the reset (capped at a week by the parser)
+        if not facts.reset:
+            return QuotaDecision(1.0 / max_delay, 0.0)
+        if facts.reset > max_delay:
+            return QuotaDecision(None, 0.0, past_cap=True, refuse=facts.reset)
+        return QuotaDecision(None, facts.reset)
     if facts.remaining is None or facts.remaining > on_the_wire or not facts.reset:
         return QuotaDecision(rate, 0.0)
     if facts.reset > max_delay:

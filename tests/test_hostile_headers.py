@@ -210,12 +210,6 @@ def test_never_cools_past_the_cap(crawl, responses):
     assert crawl.board.refused(slot) <= WEEK
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a stated quota slower than one request per RETRY_AFTER_MAX_DELAY becomes the pace as it is "
-    "(X-RateLimit-Remaining 1 with a reset an hour away: one request per 3600 s); issue 16 item 7 says such a "
-    "quota is a refusal until its reset: the pace decision (middleware/board) must do that at merge",
-)
 @_EXAMPLES
 @given(responses=_RESPONSES)
 @example(  # found by the search: one left, reset in 301 s, paced at one request per 301 s

@@ -93,3 +93,35 @@ def test_quota_windows_stay_bounded_between_sweeps_and_forget_idle_slots_at_one(
     assert len(windows) <= 100
     assert windows.prune(before=950.0) == 50
     assert len(windows) == 50 and "host999" in windows and "host949" not in windows
+
+
+@pytest.mark.parametrize(
+    "facts, max_delay, expected",
+    [
+        # one left, reset an hour away: one request per 3600 s is a refusal until the reset, not a pace
+        (RateLimitFacts(remaining=1, reset=3600.0), 300.0, QuotaDecision(None, 0.0, past_cap=True, refuse=3600.0)),
+        # one left, reset in 301 s (the search's example)
+        (RateLimitFacts(remaining=1, reset=301.0), 300.0, QuotaDecision(None, 0.0, past_cap=True, refuse=301.0)),
+        # a stated quota of 1 per 600 s whose window resets within the cap: cooled until the reset
+        (RateLimitFacts(remaining=1, reset=20.0, quota=2, window=600.0), 300.0, QuotaDecision(None, 20.0)),
+        # a slow stated quota with no reset: paced at the cap, never slower
+        (RateLimitFacts(quota=2, window=6000.0), 300.0, QuotaDecision(1 / 300.0, 0.0)),
+        # exactly one request per cap is still a pace
+        (RateLimitFacts(remaining=1, reset=300.0), 300.0, QuotaDecision(1 / 300.0, 0.0)),
+    ],
+)
+def test_a_quota_slower_than_one_request_per_cap_is_a_refusal_until_its_reset(facts, max_delay, expected):
+    assert decide_quota(facts, None, 0, max_delay) == expected
+
+
+@given(
+    remaining=st.integers(0, 10**6),
+    reset=st.floats(0.001, 7 * 86400.0),
+    quota=st.one_of(st.none(), st.integers(1, 10**6)),
+    window=st.one_of(st.none(), st.floats(0.001, 7 * 86400.0)),
+    max_delay=st.floats(1.0, 3600.0),
+)
+def test_a_pace_interval_is_never_longer_than_the_cap(remaining, reset, quota, window, max_delay):
+    decision = decide_quota(RateLimitFacts(remaining=remaining, reset=reset, quota=quota, window=window), None, 0, max_delay)
+    assert decision.rate is None or 1 / decision.rate <= max_delay * (1 + 1e-9)
+    assert decision.cooldown <= max_delay
