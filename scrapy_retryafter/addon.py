@@ -25,6 +25,7 @@ from .redis.queue import CooldownAwareRedisQueue
 from .retry import RetryMiddleware
 from .scrapy_compat import scheduler_state_file
 from .settings import load_config
+from .slotfloors import SlotFloors
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
@@ -45,6 +46,7 @@ class Addon:
         settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", RetryAfterMiddleware, 560)
         settings.setdefault_in_component_priority_dict("EXTENSIONS", RetryAfterExtension, 500)
         settings.setdefault_in_component_priority_dict("EXTENSIONS", RetryAfterLogStats, 501)
+        settings.setdefault_in_component_priority_dict("EXTENSIONS", SlotFloors, 502)
         self._replace_retry_middleware(settings)
         # Every retry is then made with backoff, idempotency and the deadline (RETRY_AFTER_ALL_RETRIES).
         settings.setdefault("RETRY_AFTER_ALL_RETRIES", True, "addon")

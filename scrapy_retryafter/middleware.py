@@ -28,6 +28,7 @@ from .policy import Decision, SlotPolicy, decide
 from .quota import decide_quota, wants_window
 from .ratelimit import parse_ratelimit, parse_retry_after_ms, speaks_ratelimit
 from .slot_events import SlotEvents
+from .slotfloors import SlotFloors
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -72,6 +73,7 @@ class RetryAfterMiddleware:
         if not extension.config.enabled:
             raise NotConfigured("RETRY_AFTER_ENABLED is False")
         middleware = cls(crawler, extension)
+        middleware.floors = SlotFloors.running_in(crawler)
         crawler.signals.connect(middleware.events.check_neighbours, signal=signals.spider_opened)
         crawler.signals.connect(middleware.events.check_all_retries, signal=signals.spider_opened)
         crawler.signals.connect(middleware._response_downloaded, signal=signals.response_downloaded)

@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .backoff import STRATEGIES
+from .floors import CrawlDelaySettingError, load_crawl_delay_settings
 from .policy import SlotPolicy
 
 __all__ = [
@@ -337,6 +338,8 @@ _OTHER_SETTINGS = (
     "RETRY_AFTER_ALL_RETRIES",
     "RETRY_AFTER_REDIS_URL",
     "RETRY_AFTER_MEMORY_AGE",
+    "RETRY_AFTER_ROBOTSTXT_OBEY",
+    "RETRY_AFTER_ROBOTSTXT_MAX_DELAY",
 )
 KNOWN_SETTINGS: frozenset[str] = frozenset(SETTING_NAMES.values()) | frozenset(_REDIS_FIELDS) | frozenset(_OTHER_SETTINGS)
 """Every setting the package reads. A new setting goes into one of the three
@@ -416,14 +419,19 @@ def _load_config(settings: Mapping[str, Any] | Any) -> Config:
         if get(name) is not None
     }
     default = _policy(defaults, given, SETTING_NAMES.__getitem__)
+    try:
+        load_crawl_delay_settings(get)
+    except CrawlDelaySettingError as error:
+        raise RetryAfterSettingError(str(error)) from None
     known = {f.name for f in fields(SlotPolicy)}
     slots: dict[str, SlotPolicy] = {}
     for slot, overrides in _slots(get("RETRY_AFTER_SLOTS")).items():
+        overrides = {key: value for key, value in overrides.items() if key != "ignore_robots_txt"}
         unknown = sorted(set(overrides) - known, key=repr)
         if unknown:
             raise RetryAfterSettingError(
                 f"RETRY_AFTER_SLOTS[{slot!r}] has unknown key(s) {', '.join(map(repr, unknown))}; "
-                f"accepted keys: {', '.join(sorted(known))}"
+                f"accepted keys: {', '.join(sorted(known | {'ignore_robots_txt'}))}"
             )
         slots[slot] = _policy(
             default, overrides, lambda key, slot=slot: f"RETRY_AFTER_SLOTS[{slot!r}][{key!r}]"
