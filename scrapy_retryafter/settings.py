@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .backoff import STRATEGIES
+from .banrules import BanRuleSettingError, load_ban_rules
 from .floors import CrawlDelaySettingError, load_crawl_delay_settings
 from .policy import SlotPolicy
 
@@ -340,6 +341,8 @@ _OTHER_SETTINGS = (
     "RETRY_AFTER_MEMORY_AGE",
     "RETRY_AFTER_ROBOTSTXT_OBEY",
     "RETRY_AFTER_ROBOTSTXT_MAX_DELAY",
+    "RETRY_AFTER_BAN_RULES",
+    "RETRY_AFTER_BAN_BODY_BYTES",
 )
 KNOWN_SETTINGS: frozenset[str] = frozenset(SETTING_NAMES.values()) | frozenset(_REDIS_FIELDS) | frozenset(_OTHER_SETTINGS)
 """Every setting the package reads. A new setting goes into one of the three
@@ -422,6 +425,10 @@ def _load_config(settings: Mapping[str, Any] | Any) -> Config:
     try:
         load_crawl_delay_settings(get)
     except CrawlDelaySettingError as error:
+        raise RetryAfterSettingError(str(error)) from None
+    try:
+        load_ban_rules(get)
+    except BanRuleSettingError as error:
         raise RetryAfterSettingError(str(error)) from None
     known = {f.name for f in fields(SlotPolicy)}
     slots: dict[str, SlotPolicy] = {}
