@@ -17,6 +17,7 @@ from scrapy.pqueues import DownloaderAwarePriorityQueue, ScrapyPriorityQueue
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import load_object
 
+from .banflag import BanSpiderMiddleware
 from .extension import RetryAfterExtension
 from .logstats import RetryAfterLogStats
 from .middleware import RetryAfterMiddleware
@@ -47,6 +48,7 @@ class Addon:
         settings.setdefault_in_component_priority_dict("EXTENSIONS", RetryAfterExtension, 500)
         settings.setdefault_in_component_priority_dict("EXTENSIONS", RetryAfterLogStats, 501)
         settings.setdefault_in_component_priority_dict("EXTENSIONS", SlotFloors, 502)
+        settings.setdefault_in_component_priority_dict("SPIDER_MIDDLEWARES", BanSpiderMiddleware, 560)
         self._replace_retry_middleware(settings)
         # Every retry is then made with backoff, idempotency and the deadline (RETRY_AFTER_ALL_RETRIES).
         settings.setdefault("RETRY_AFTER_ALL_RETRIES", True, "addon")

@@ -20,6 +20,8 @@ from scrapy import signals
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
 from . import scrapy_compat
+from .banflag import register_ban_handler
+from .banrules import load_ban_rules
 from .extension import RetryAfterExtension, SlotCoolingDown
 from .failures import PREVIOUS_WAIT, past_deadline, stamp_first_attempt
 from .headers import parse_retry_after
@@ -29,6 +31,7 @@ from .quota import decide_quota, wants_window
 from .ratelimit import parse_ratelimit, parse_retry_after_ms, speaks_ratelimit
 from .retry_reporting import count_retry
 from .slot_events import SlotEvents
+from .slotfloors import SlotFloors
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -73,6 +76,9 @@ class RetryAfterMiddleware:
         if not extension.config.enabled:
             raise NotConfigured("RETRY_AFTER_ENABLED is False")
         middleware = cls(crawler, extension)
+        middleware.floors = SlotFloors.running_in(crawler)
+        middleware._ban_rules = load_ban_rules(crawler.settings.get)  # validated by load_config already
+        register_ban_handler(crawler, middleware._spider_ban)
         crawler.signals.connect(middleware.events.check_neighbours, signal=signals.spider_opened)
         crawler.signals.connect(middleware.events.check_all_retries, signal=signals.spider_opened)
         crawler.signals.connect(middleware._response_downloaded, signal=signals.response_downloaded)
@@ -174,14 +180,18 @@ class RetryAfterMiddleware:
                 extra={"spider": self.crawler.spider},
             )
 
-    def _throttle(self, request: Request, response: Response) -> Decision | None:
-        """Cool the slot for a throttling response; remember what to do with it."""
+    def _throttle(
+        self, request: Request, response: Response, ban: str | None = None, ban_wait: float | None = None
+    ) -> Decision | None:
+        """Cool the slot for a throttling response (or a ban, of any status); remember what to do with it."""
         slot = self.extension.slot_of(request)
         policy = self.config.policy_for(slot)
-        if response.status not in policy.http_codes:
+        if ban is None and response.status not in policy.http_codes:
             return None
         header = response.headers.getlist(b"Retry-After")
         retry_after = parse_retry_after(header, date=response.headers.get(b"Date"))
+        if retry_after is None and ban_wait is not None:
+            retry_after = ban_wait
         if header and retry_after is None:
             self.stats.inc_value("retry_after/header_invalid")
         if retry_after is None and policy.ratelimit_headers:
@@ -193,7 +203,7 @@ class RetryAfterMiddleware:
             self.stats.inc_value("retry_after/budget_spent")
         decision = decide(
             policy,
-            status=response.status,
+            status=429 if ban is not None else response.status,  # a ban is a "too many requests"
             method=request.method,
             has_idempotency_key=b"Idempotency-Key" in request.headers,
             throttles=throttles,
@@ -236,7 +246,7 @@ class RetryAfterMiddleware:
                 "attempt": throttles,
                 "header": b", ".join(header).decode("latin-1")[:120] if header else None,
                 "wait": self.board.remaining(slot),
-                "reason": decision.reason,
+                "reason": decision.reason if ban is None else f"ban {ban!r}: {decision.reason}",
                 "outcome": "" if retrying else ", not retried",
             },
             extra={"spider": self.crawler.spider},
@@ -262,7 +272,8 @@ class RetryAfterMiddleware:
         self, request: Request, response: Response, spider: Spider | None = None
     ) -> Request | Response:
         if response.status not in self._all_codes:
-            return response
+            ban = self._ban_of(response)
+            return response if ban is None else self._retry_ban(request, response, ban, None)
         decision = self._decided.pop(request, None) or self._throttle(request, response)
         if decision is None:
             return response
@@ -287,6 +298,51 @@ class RetryAfterMiddleware:
         retry.meta[PREVIOUS_WAIT] = decision.cooldown  # decorrelated jitter grows from the last wait
         retry.dont_filter = True
         return retry
+
+    def _ban_of(self, response: Response) -> str | None:
+        """The name of the RETRY_AFTER_BAN_RULES rule the (decompressed) response matches."""
+        rules = self._ban_rules
+        if not rules.rules or (rules.statuses is not None and response.status not in rules.statuses):
+            return None
+        return rules.match(response.status, response.headers, response.body if rules.reads_body else b"")
+
+    def _retry_ban(self, request: Request, response: Response, ban: str, wait: float | None) -> Request:
+        """A ban takes the throttle path; its page never reaches the callback as a success."""
+        self.stats.inc_value(f"retry_after/ban/{ban}")
+        decision = self._throttle(request, response, ban=ban, ban_wait=wait)
+        self._decided.pop(request, None)
+        assert decision is not None
+        slot = self.extension.slot_of(request)
+        if decision.retry and not request.meta.get("dont_retry", False):
+            late = self._past_deadline(request, slot)
+            if late is None:
+                self.stats.inc_value("retry_after/retried")
+                retry = request.copy()
+                retry.meta[THROTTLES] = request.meta.get(THROTTLES, 0) + 1
+                retry.meta[PREVIOUS_WAIT] = decision.cooldown
+                retry.meta["dont_cache"] = True  # the cache must not serve the ban page back
+                retry.dont_filter = True
+                return retry
+            self.stats.inc_value("retry_after/deadline")
+            reason, outcome = late, "deadline"
+        else:
+            reason, outcome = decision.reason, decision.outcome
+        wait_left = decision.refuse or self.board.remaining(slot)
+        parked = self._give_up(request, slot, response.status, f"ban {ban!r}: {reason}", outcome, wait_left)
+        if parked is not None:
+            return parked
+        raise IgnoreRequest(f"{slot}: ban {ban!r} on {request.url}, given up ({reason})")
+
+    def _spider_ban(self, response: Response, reason: str, wait: float | None) -> list[Request]:
+        """BanDetected from a callback: the same path as a matched rule."""
+        request = response.request
+        if request is None:
+            return []
+        try:
+            return [self._retry_ban(request, response, reason, wait)]
+        except IgnoreRequest as error:
+            logger.info("%s", error, extra={"spider": self.crawler.spider})
+            return []
 
     def _past_deadline(self, request: Request, slot: str) -> str | None:
         """A throttled request whose slot reopens past its deadline gives up now."""

@@ -19,8 +19,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .backoff import STRATEGIES
-from .banrules import load_ban_rules
-from .floors import load_crawl_delay_settings
+from .banrules import BanRuleSettingError, load_ban_rules
+from .floors import CrawlDelaySettingError, load_crawl_delay_settings
 from .policy import SlotPolicy
 from .scopes import load_scope_config
 
@@ -343,10 +343,12 @@ _OTHER_SETTINGS = (
     "RETRY_AFTER_MEMORY_AGE",
     "RETRY_AFTER_ROBOTSTXT_OBEY",
     "RETRY_AFTER_ROBOTSTXT_MAX_DELAY",
+    "RETRY_AFTER_BAN_RULES",
+    "RETRY_AFTER_BAN_BODY_BYTES",
 )
-NOT_YET_READ = ("RETRY_AFTER_SCOPES", "RETRY_AFTER_BAN_RULES", "RETRY_AFTER_BAN_BODY_BYTES")
-"""Settings whose parsers ship (scopes.py, banrules.py) but that no crawl reads
-yet: set, they get a WARNING saying so rather than the closest-name hint."""
+NOT_YET_READ = ("RETRY_AFTER_SCOPES",)
+"""Settings whose parsers ship (scopes.py) but that no crawl reads yet: set,
+they get a WARNING saying so rather than the closest-name hint."""
 KNOWN_SETTINGS: frozenset[str] = (
     frozenset(SETTING_NAMES.values()) | frozenset(_REDIS_FIELDS) | frozenset(_OTHER_SETTINGS) | frozenset(NOT_YET_READ)
 )
@@ -431,14 +433,23 @@ def _load_config(settings: Mapping[str, Any] | Any) -> Config:
         if get(name) is not None
     }
     default = _policy(defaults, given, SETTING_NAMES.__getitem__)
+    try:
+        load_crawl_delay_settings(get)
+    except CrawlDelaySettingError as error:
+        raise RetryAfterSettingError(str(error)) from None
+    try:
+        load_ban_rules(get)
+    except BanRuleSettingError as error:
+        raise RetryAfterSettingError(str(error)) from None
     known = {f.name for f in fields(SlotPolicy)}
     slots: dict[str, SlotPolicy] = {}
     for slot, overrides in _slots(get("RETRY_AFTER_SLOTS")).items():
+        overrides = {key: value for key, value in overrides.items() if key != "ignore_robots_txt"}
         unknown = sorted(set(overrides) - known, key=repr)
         if unknown:
             raise RetryAfterSettingError(
                 f"RETRY_AFTER_SLOTS[{slot!r}] has unknown key(s) {', '.join(map(repr, unknown))}; "
-                f"accepted keys: {', '.join(sorted(known))}"
+                f"accepted keys: {', '.join(sorted(known | {'ignore_robots_txt'}))}"
             )
         slots[slot] = _policy(default, overrides, functools.partial(_slot_key_name, slot))
     parking = _bool("RETRY_AFTER_PARKING", True if get("RETRY_AFTER_PARKING") is None else get("RETRY_AFTER_PARKING"))
@@ -448,11 +459,10 @@ def _load_config(settings: Mapping[str, Any] | Any) -> Config:
     all_retries = False if all_retries is None else _bool("RETRY_AFTER_ALL_RETRIES", all_retries)
     raw_age = get("RETRY_AFTER_MEMORY_AGE")
     memory_age = 604800.0 if raw_age is None else _checked_with(_MEMORY_AGE, "RETRY_AFTER_MEMORY_AGE", raw_age)
-    for load in (load_crawl_delay_settings, load_ban_rules, load_scope_config):
-        try:
-            load(get)  # checked at start like every other setting; SlotFloors reads its own again
-        except ValueError as error:
-            raise RetryAfterSettingError(str(error)) from None
+    try:
+        load_scope_config(get)  # checked at start, though no crawl applies scopes yet
+    except ValueError as error:
+        raise RetryAfterSettingError(str(error)) from None
     return Config(
         enabled=enabled, default=default, slots=slots, parking=parking,
         park_file=_park_file(get("RETRY_AFTER_PARK_FILE")), logstats_interval=interval,
@@ -496,7 +506,7 @@ def warn_unknown_settings(settings: Mapping[str, Any] | Any, log: logging.Logger
         for name, closest in unknown_settings(list(settings.keys()))
     ]
     lines += [
-        f"{name} is not read by this release yet (scopes and ban rules are parsed, not applied): it is ignored"
+        f"{name} is not read by this release yet (scopes are parsed, not applied): it is ignored"
         for name in NOT_YET_READ
         if name in settings
     ]

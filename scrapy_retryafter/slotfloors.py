@@ -75,6 +75,24 @@ class SlotFloors:
             read_robots = False
         return cls(crawler, settings, read_robots)
 
+    @classmethod
+    def running_in(cls, crawler: Crawler) -> SlotFloors:
+        """The crawl's instance: the one in EXTENSIONS, else one made here.
+
+        With the middleware alone in DOWNLOADER_MIDDLEWARES (no add-on, no
+        EXTENSIONS entry), Crawl-delay must still hold; extensions are built
+        before downloader middlewares, so the lookup sees an enabled one.
+        """
+        extensions = getattr(crawler, "extensions", None)
+        for component in getattr(extensions, "middlewares", ()):
+            if isinstance(component, cls):
+                return component
+        made = getattr(crawler, "_retry_after_slot_floors", None)
+        if made is None:
+            made = cls.from_crawler(crawler)
+            crawler._retry_after_slot_floors = made  # type: ignore[attr-defined]
+        return made
+
     def add_floor_source(self, source: FloorSource) -> None:
         self._sources.append(source)
         self._watch()

@@ -15,6 +15,11 @@ from .conftest import crawl
 
 SLACK = 0.010
 FLOOR = {"EXTENSIONS": {"scrapy_retryafter.slotfloors.SlotFloors": 0}, "ROBOTSTXT_OBEY": True}
+ADDON = {"ADDONS": {"scrapy_retryafter.Addon": 0}, "ROBOTSTXT_OBEY": True}
+MIDDLEWARE_ONLY = {
+    "DOWNLOADER_MIDDLEWARES": {"scrapy_retryafter.RetryAfterMiddleware": 560},
+    "ROBOTSTXT_OBEY": True,
+}
 HAS_SIGNAL = hasattr(signals, "robots_parsed")
 needs_signal = pytest.mark.skipif(not HAS_SIGNAL, reason="robots_parsed came with Scrapy 2.18")
 
@@ -45,11 +50,14 @@ def gaps(server: ThrottlingServer, host: Host) -> list[float]:
         {"DOWNLOAD_DELAY": 0.4, "DOWNLOAD_DELAY_JITTER": 0.5},  # Scrapy alone would draw gaps of 0.2 to 0.6 s
     ],
 )
+@pytest.mark.parametrize("wiring", [FLOOR, ADDON, MIDDLEWARE_ONLY], ids=["extension", "addon", "middleware"])
 @pytest_twisted.ensureDeferred
-async def test_crawl_delay_half_a_second_spaces_every_request_to_the_host(robots_server: Any, scrapy_delay: dict) -> None:
+async def test_crawl_delay_half_a_second_spaces_every_request_to_the_host(
+    robots_server: Any, scrapy_delay: dict, wiring: dict
+) -> None:
     host = robots_server.add_host()
     robots_server.start()
-    settings = {**FLOOR, **scrapy_delay, "CONCURRENT_REQUESTS": 16, "CONCURRENT_REQUESTS_PER_DOMAIN": 8}
+    settings = {**wiring, **scrapy_delay, "CONCURRENT_REQUESTS": 16, "CONCURRENT_REQUESTS_PER_DOMAIN": 8}
     crawler = await crawl([Request(host.url(f"/page/{i}")) for i in range(8)], settings)
     paths = [a.path for a in robots_server.arrivals(host)]
     assert paths[0] == "/robots.txt" and len(paths) == 9

@@ -147,3 +147,21 @@ def test_a_bad_value_is_one_line_before_scrapys_own_traceback(tmp_path):
         "[scrapy_retryafter.settings] ERROR: RETRY_AFTER_PAD must be a number >= 1.0 "
         "(the server's wait is never shortened); got '0.5'"
     ), result.stderr
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ({"RETRY_AFTER_ROBOTSTXT_OBEY": "maybe"}, r"^RETRY_AFTER_ROBOTSTXT_OBEY must be True or False"),
+        ({"RETRY_AFTER_ROBOTSTXT_MAX_DELAY": 0}, r"^RETRY_AFTER_ROBOTSTXT_MAX_DELAY must be a number of seconds > 0"),
+        ({"RETRY_AFTER_SLOTS": {"a.example": {"ignore_robots_txt": "yes"}}}, r"\['ignore_robots_txt'\] must be True or False"),
+    ],
+)
+def test_bad_crawl_delay_settings_fail_at_start_naming_the_setting(given, message):
+    with pytest.raises(RetryAfterSettingError, match=message):
+        load_config(given)
+
+
+def test_a_slot_may_ignore_its_robots_txt_crawl_delay():
+    config = load_config({"RETRY_AFTER_SLOTS": {"a.example": {"ignore_robots_txt": True, "pad": 1.5}}})
+    assert config.policy_for("a.example").pad == 1.5
