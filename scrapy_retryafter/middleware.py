@@ -69,6 +69,8 @@ class RetryAfterMiddleware:
         self._deadlines = any(
             not math.isinf(p.deadline) for p in (self.config.default, *self.config.slots.values())
         )
+        self._ban_rules = load_ban_rules(crawler.settings.get)  # validated by load_config already
+        self.floors: SlotFloors | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -77,7 +79,6 @@ class RetryAfterMiddleware:
             raise NotConfigured("RETRY_AFTER_ENABLED is False")
         middleware = cls(crawler, extension)
         middleware.floors = SlotFloors.running_in(crawler)
-        middleware._ban_rules = load_ban_rules(crawler.settings.get)  # validated by load_config already
         register_ban_handler(crawler, middleware._spider_ban)
         crawler.signals.connect(middleware.events.check_neighbours, signal=signals.spider_opened)
         crawler.signals.connect(middleware.events.check_all_retries, signal=signals.spider_opened)

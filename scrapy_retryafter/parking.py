@@ -433,6 +433,9 @@ class Parking:
                     _spider_method(spider, raw[key], key)
             try:
                 raw = decode_value(raw)
+                for key in ("meta", "cb_kwargs"):
+                    if isinstance(raw.get(key), dict) and not all(isinstance(k, str) for k in raw[key]):
+                        raise TypeError(f"{key} has a key that is not a string")
                 if isinstance(raw.get("meta"), dict):
                     raw["meta"] = {k: v for k, v in raw["meta"].items() if k not in _TRANSIENT_META and k != PARK_ID}
                 request = request_from_dict(raw, spider=spider)

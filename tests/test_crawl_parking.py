@@ -330,6 +330,8 @@ async def test_hostile_records_are_set_aside_with_a_warning_and_never_run(server
                                                       "callback": "parse", "errback": "failed", "method": "POST"})
     _hostile(park_file, id="year1", url=host.url("/year1"), not_before="0001-01-01T00:00:00Z")
     _hostile(park_file, id="body", url=host.url("/body"), request={"url": host.url("/body"), "body": {"$b64": "!!"}})
+    _hostile(park_file, id="kwargs", url=host.url("/kwargs"),
+             request={"url": host.url("/kwargs"), "callback": "parse", "cb_kwargs": {"$pairs": [[1, 2]]}})
 
     crawler = await crawl([], {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file)})
     assert sorted(crawler.spider.seen) == [(form, 200), (good, 200)]  # a FormRequest subclass is a Request
@@ -337,10 +339,10 @@ async def test_hostile_records_are_set_aside_with_a_warning_and_never_run(server
     assert "Beautiful is better than ugly" not in capsys.readouterr().out
     assert "this" not in sys.modules  # refused before any import
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "set aside" in r.getMessage()]
-    for record_id in ("file", "data", "inner", "zen", "notreq", "attr", "base", "static", "year1", "body"):
+    for record_id in ("file", "data", "inner", "zen", "notreq", "attr", "base", "static", "year1", "body", "kwargs"):
         assert sum(f"record {record_id} " in w for w in warnings) == 1, (record_id, warnings)
     torn = [json.loads(line)["id"] for line in park_file.with_name("parked.jsonl.torn").read_text().splitlines()]
-    assert sorted(torn) == sorted(["file", "data", "inner", "zen", "notreq", "attr", "base", "static", "year1", "body"])
+    assert sorted(torn) == sorted(["file", "data", "inner", "zen", "notreq", "attr", "base", "static", "year1", "body", "kwargs"])
     assert not park_file.exists()
 
 

@@ -60,3 +60,27 @@ def test_slot_keys_are_fixed_length_digests_without_braces():
     assert len(keys) == len(NAMES)
     assert all(len(key) == 40 and key.isalnum() for key in keys)
     assert slot_key("\udcff") != slot_key("?")  # undecodable bytes still get a key of their own
+
+
+def test_a_slot_name_with_a_lone_surrogate_does_not_stop_the_fleet_sharing(redis_server, prefix):
+    """download_slot meta (or a park file) can name a slot no strict UTF-8 encodes: it was sent as
+    str, every exchange failed, and the board stayed lost for the rest of the crawl."""
+    a, b = board(redis_server.url, prefix), board(redis_server.url, prefix)
+    lost: list[BaseException] = []
+    a.on_lost = b.on_lost = lost.append
+    odd = "h\udcff"
+    try:
+        a.throttled(odd, a.clock())
+        a.cool(odd, 5.0)
+        assert a.sync()
+        a.throttled("good.test", a.clock())
+        a.cool("good.test", 6.0)
+        assert a.sync() and a.sync()
+        assert odd not in b and "good.test" not in b
+        assert b.sync() and b.sync()
+        assert b.remaining("good.test") == pytest.approx(6.0, abs=0.3)
+        assert b.remaining(odd) == pytest.approx(5.0, abs=0.3)
+        assert lost == []
+    finally:
+        a.stop()
+        b.stop()

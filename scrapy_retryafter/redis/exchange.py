@@ -133,7 +133,12 @@ _RATE = re.compile(r"^([0-9][0-9.eE+-]{0,30}):(cut|grow) (\S{1,200})$")
 
 
 def _text(item: Any) -> str:
-    return item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
+    if not isinstance(item, bytes):
+        return str(item)
+    try:
+        return item.decode("utf-8", "surrogatepass")  # a slot name sent with a lone surrogate comes back as itself
+    except UnicodeDecodeError:
+        return item.decode("utf-8", "replace")
 
 
 def _seconds(raw: str, low: float, high: float) -> float | None:
@@ -332,7 +337,9 @@ class RedisExchange:
             args += [slot, slot_key(slot), limit]
         for slot in job.active:
             args += [slot, slot_key(slot)]
-        return args
+        # A slot name is any str (download_slot meta, a park file): one with a lone
+        # surrogate must not make the client's strict UTF-8 fail every exchange.
+        return [arg.encode("utf-8", "surrogatepass") if isinstance(arg, str) else arg for arg in args]
 
     def _work(self) -> None:
         while True:
