@@ -28,25 +28,17 @@ dict and back.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import errno
 import gc
-import hashlib
 import json
 import os
-import re
-import socket
 import stat
 import tempfile
 import threading
 import time
-import uuid
-import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +46,10 @@ try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
+
+from .parkfold import _CHUNK, LINE, MAX_IDS_PER_LINE, MAX_LINE, Bad, Entry, Fold, _apply_line, _lines, summarize
+from .parkowner import Owner, _live_handles, owner_alive, this_process_owner
+from .parkrecord import _ID, ParkRecord, decode_value, encode_value, iso, parse_iso
 
 __all__ = [
     "Fold",
@@ -66,21 +62,12 @@ __all__ = [
     "iso",
     "parse_iso",
     "read_log",
+    "summarize",
 ]
 
-MAX_LINE = 16 * 1024 * 1024
-"""Longest line read or written; a request this large is parked by its URL."""
-MAX_IDS_PER_LINE = 1000
-_CHUNK = 1 << 20
-_TORN_HEAD = 4096
+
 _LOCK_TIMEOUT = 30.0
 _STALE_TEMPORARY = 3600.0
-_MAX_NOT_BEFORE = 253402300799.0  # 9999-12-31T23:59:59Z
-_ID = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
-_METHOD = re.compile(r"[A-Z][A-Z0-9_-]{0,31}\Z")
-_LIMITS = {"slot": 1024, "reason": 64, "detail": 65536, "spider": 1024, "url": 65536}
 
 
 class ParkFileError(OSError):
@@ -88,445 +75,6 @@ class ParkFileError(OSError):
 
     def __str__(self) -> str:
         return str(self.strerror)
-
-
-def iso(when: float) -> str:
-    return datetime.fromtimestamp(when, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def parse_iso(text: str) -> float:
-    """Seconds since the epoch; ValueError for anything outside 1970..9999 or not ISO 8601."""
-    if not isinstance(text, str) or len(text) > 64:
-        raise ValueError("not_before is not an ISO 8601 time")
-    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    when = moment.timestamp()
-    if not 0.0 <= when <= _MAX_NOT_BEFORE:
-        raise ValueError(f"not_before {text!r} is outside 1970..9999")
-    return when
-
-
-def encode_value(value: Any) -> Any:
-    """A JSON-safe copy: bytes as base64, dicts with non-string keys as pairs.
-
-    Raises TypeError for anything JSON cannot hold, so the caller can fall
-    back to a URL-only record instead of writing a lossy one.
-    """
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (bytes, bytearray)):
-        return {"$b64": base64.b64encode(bytes(value)).decode("ascii")}
-    if isinstance(value, (list, tuple)):
-        return [encode_value(item) for item in value]
-    if isinstance(value, Mapping):
-        if all(isinstance(key, str) and not key.startswith("$") for key in value):
-            return {key: encode_value(item) for key, item in value.items()}
-        return {"$pairs": [[encode_value(key), encode_value(item)] for key, item in value.items()]}
-    raise TypeError(f"{type(value).__name__} cannot be written to the park file")
-
-
-def decode_value(value: Any) -> Any:
-    """The inverse of encode_value; ValueError for a malformed encoding."""
-    try:
-        if isinstance(value, list):
-            return [decode_value(item) for item in value]
-        if isinstance(value, dict):
-            if set(value) == {"$b64"}:
-                return base64.b64decode(value["$b64"], validate=True)
-            if set(value) == {"$pairs"}:
-                return {_hashable(decode_value(key)): decode_value(item) for key, item in value["$pairs"]}
-            return {key: decode_value(item) for key, item in value.items()}
-        return value
-    except (TypeError, binascii.Error, RecursionError) as error:
-        raise ValueError(f"malformed encoded value ({type(error).__name__})") from None
-
-
-def _hashable(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
-
-
-def _bounded_str(raw: dict[str, Any], key: str, default: str = "") -> str:
-    value = raw.get(key, default)
-    if not isinstance(value, str):
-        raise ValueError(f"{key} is not a string")
-    if len(value) > _LIMITS[key]:
-        raise ValueError(f"{key} is longer than {_LIMITS[key]} characters")
-    return value
-
-
-def _check_url(url: Any, where: str) -> None:
-    if not isinstance(url, str) or len(url) > _LIMITS["url"]:
-        raise ValueError(f"{where} is not a URL string")
-    scheme = url.split(":", 1)[0].strip().lower() if ":" in url else ""
-    if scheme not in ("http", "https"):
-        raise ValueError(f"{where} has scheme {scheme[:16]!r}: only http and https are loaded")
-
-
-def _check_request(request: dict[str, Any], url: str) -> None:
-    """What Scrapy's request_from_dict would act on before any check of ours: bounded here."""
-    _check_url(request.get("url"), "request.url")
-    cls = request.get("_class")
-    if cls is not None and (not isinstance(cls, str) or len(cls) > 256 or not _DOTTED.match(cls)):
-        raise ValueError("request._class is not a dotted class name")
-    for key in ("callback", "errback"):
-        name = request.get(key)
-        if name is not None and (not isinstance(name, str) or len(name) > 128 or not _NAME.match(name)
-                                 or name.startswith("__")):
-            raise ValueError(f"request.{key} is not a method name")
-    method = request.get("method", "GET")
-    if not isinstance(method, str) or not _METHOD.match(method):
-        raise ValueError("request.method is not an HTTP method")
-    priority = request.get("priority", 0)
-    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 2**31:
-        raise ValueError("request.priority is not a bounded integer")
-    encoding = request.get("encoding", "utf-8")
-    if not isinstance(encoding, str) or len(encoding) > 64:
-        raise ValueError("request.encoding is not a codec name")
-    for key in ("meta", "cb_kwargs"):
-        if request.get(key) is not None and not isinstance(request[key], dict):
-            raise ValueError(f"request.{key} is not a mapping")
-
-
-@dataclass
-class ParkRecord:
-    url: str
-    slot: str
-    reason: str
-    """A short kind (``over_cap``, ``retries_exhausted``, ``budget_spent``, ``held_at_close``)."""
-    attempts: int
-    not_before: float
-    """Wall-clock seconds (UTC epoch); written as ISO 8601."""
-    request: dict[str, Any] | None
-    """Scrapy's Request.to_dict(), JSON-encoded; None for a URL-only record."""
-    spider: str = ""
-    detail: str = ""
-    """The give-up line's reason, for people."""
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
-
-    def to_line(self) -> str:
-        return json.dumps(
-            {
-                "id": self.id,
-                "spider": self.spider,
-                "url": self.url,
-                "slot": self.slot,
-                "reason": self.reason,
-                "detail": self.detail,
-                "attempts": self.attempts,
-                "not_before": iso(self.not_before),
-                "request": self.request,
-            },
-            separators=(",", ":"),
-            ensure_ascii=True,
-        ) + "\n"
-
-    @classmethod
-    def from_line(cls, line: str) -> ParkRecord:
-        return cls.from_raw(json.loads(line), line)
-
-    @classmethod
-    def from_raw(cls, raw: Any, line: str = "") -> ParkRecord:
-        """A record from its parsed line; ValueError naming the first malformed field."""
-        if not isinstance(raw, dict) or "url" not in raw:
-            raise ValueError("not a park record")
-        url = raw["url"]
-        _check_url(url, "url")
-        record_id = raw.get("id")
-        if record_id is None:
-            # A hand-written record: an id that every reader derives alike.
-            record_id = "h" + hashlib.sha256(line.encode("utf-8", "replace")).hexdigest()[:40]
-        if not isinstance(record_id, str) or not _ID.match(record_id):
-            raise ValueError("id is not 1-64 letters, digits, '-' or '_'")
-        attempts = raw.get("attempts", 0)
-        if isinstance(attempts, bool) or not isinstance(attempts, int) or not 0 <= attempts <= 10**6:
-            raise ValueError("attempts is not an integer in 0..1000000")
-        request = raw.get("request")
-        if request is not None:
-            if not isinstance(request, dict):
-                raise ValueError("request is not a mapping")
-            _check_request(request, url)
-        return cls(
-            url=url,
-            slot=_bounded_str(raw, "slot"),
-            reason=_bounded_str(raw, "reason"),
-            detail=_bounded_str(raw, "detail"),
-            attempts=attempts,
-            not_before=parse_iso(raw.get("not_before")),  # type: ignore[arg-type]
-            request=request,
-            spider=_bounded_str(raw, "spider"),
-            id=record_id,
-        )
-
-
-@dataclass(frozen=True)
-class Owner:
-    """Who holds a claim: a process (host, boot, pid namespace, pid, start time) and one handle in it."""
-
-    host: str
-    boot: str
-    ns: str
-    pid: int
-    start: int
-    nonce: str
-
-    def to_raw(self) -> dict[str, Any]:
-        return {"host": self.host, "boot": self.boot, "ns": self.ns, "pid": self.pid, "start": self.start, "nonce": self.nonce}
-
-    @classmethod
-    def from_raw(cls, raw: Any) -> Owner:
-        if not isinstance(raw, dict):
-            raise ValueError("claim owner is not a mapping")
-        texts = [raw.get(key) for key in ("host", "boot", "ns", "nonce")]
-        numbers = [raw.get(key) for key in ("pid", "start")]
-        if not all(isinstance(text, str) and len(text) <= 256 for text in texts):
-            raise ValueError("claim owner has a malformed name")
-        if not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**63 for n in numbers):
-            raise ValueError("claim owner has a malformed pid or start time")
-        return cls(texts[0], texts[1], texts[2], numbers[0], numbers[1], texts[3])  # type: ignore[arg-type]
-
-    @property
-    def process(self) -> tuple[str, str, str, int, int]:
-        return (self.host, self.boot, self.ns, self.pid, self.start)
-
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path, encoding="ascii", errors="replace") as text:
-            return text.read(4096).strip()
-    except OSError:
-        return ""
-
-
-def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot, -1 for no such process, None where unknown (no /proc)."""
-    if not os.path.exists("/proc/self/stat"):
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as proc:
-            stat_line = proc.read(4096)
-    except FileNotFoundError:
-        return -1
-    except OSError:
-        return None
-    try:
-        return int(stat_line.rsplit(b")", 1)[1].split()[19])
-    except (IndexError, ValueError):
-        return None
-
-
-_this_process: tuple[str, str, str, int, int] | None = None
-
-
-def this_process() -> tuple[str, str, str, int, int]:
-    global _this_process
-    pid = os.getpid()
-    if _this_process is None or _this_process[3] != pid:  # recomputed after a fork
-        ns = ""
-        try:
-            ns = os.readlink("/proc/self/ns/pid")
-        except OSError:
-            pass
-        _this_process = (
-            socket.gethostname(), _read_text("/proc/sys/kernel/random/boot_id"), ns, pid, max(0, _start_time(pid) or 0),
-        )
-    return _this_process
-
-
-_live_handles: weakref.WeakValueDictionary[str, ParkFile] = weakref.WeakValueDictionary()
-"""Handles of this process by nonce: a claim of this process whose handle is gone is free."""
-
-
-def owner_alive(owner: Owner) -> bool:
-    """False only when sure: a dead or replaced process, another boot, or a closed handle of ours.
-
-    A claim from another machine or pid namespace cannot be judged and is kept.
-    """
-    here = this_process()
-    if owner.host != here[0] or owner.ns != here[2]:
-        return True
-    if owner.boot != here[1]:
-        return False
-    if owner.pid == here[3] and owner.start == here[4]:
-        return owner.nonce in _live_handles
-    if owner.pid <= 0:
-        return False
-    start = _start_time(owner.pid)
-    if start is not None:
-        return start == owner.start
-    try:
-        os.kill(owner.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-@dataclass
-class Entry:
-    """A record as the log holds it: its line, and what choosing and summing it need."""
-
-    line: bytes
-    spider: str
-    slot: str
-    reason: str
-    url: str
-    not_before: float
-
-    def record(self) -> ParkRecord:
-        return ParkRecord.from_line(self.line.decode("ascii"))
-
-
-@dataclass
-class Bad:
-    """A line set aside: its bytes (the head only, past MAX_LINE) and why."""
-
-    line: bytes
-    why: str
-    id: str | None = None
-    url: str | None = None
-
-
-class Fold:
-    """The log read in order: live records, claims, and the lines that are no record."""
-
-    def __init__(self) -> None:
-        self.records: dict[str, Entry] = {}
-        self.claims: dict[str, Owner] = {}
-        self.bad: list[Bad] = []
-        self.lines = 0
-
-    def apply(self, line: bytes) -> None:
-        if not line.strip():
-            return
-        self.lines += 1
-        if not self.lines % 32:
-            time.sleep(0)  # let a waiting thread (the reactor) have the GIL now, not at the next switch
-        try:
-            raw = json.loads(line.decode("ascii"))
-        except (ValueError, RecursionError):
-            self.bad.append(Bad(line, "not a JSON line (a torn write?)"))
-            return
-        if isinstance(raw, dict) and "url" in raw:
-            try:
-                record = ParkRecord.from_raw(raw, line.decode("ascii"))
-            except (ValueError, TypeError, OverflowError, RecursionError) as error:
-                record_id = raw.get("id")
-                url = raw.get("url")
-                self.bad.append(Bad(
-                    line, str(error),
-                    record_id if isinstance(record_id, str) and _ID.match(record_id) else None,
-                    url[:200] if isinstance(url, str) else None,
-                ))
-                return
-            self.records.pop(record.id, None)
-            self.records[record.id] = Entry(line, record.spider, record.slot, record.reason, record.url, record.not_before)
-            self.claims.pop(record.id, None)
-            return
-        try:
-            self._apply_change(raw)
-        except ValueError as error:
-            self.bad.append(Bad(line, str(error)))
-
-    def _apply_change(self, raw: Any) -> None:
-        if not isinstance(raw, dict) or len(raw) > 2:
-            raise ValueError("not a park-file line")
-        kind = next((key for key in ("done", "claim", "release") if key in raw), None)
-        ids = raw.get(kind) if kind else None
-        if not isinstance(ids, list) or len(ids) > MAX_IDS_PER_LINE or not all(
-            isinstance(i, str) and _ID.match(i) for i in ids
-        ):
-            raise ValueError("not a park-file line")
-        if kind == "done":
-            for record_id in ids:
-                self.records.pop(record_id, None)
-                self.claims.pop(record_id, None)
-            return
-        owner = Owner.from_raw(raw.get("by"))
-        if kind == "claim":
-            for record_id in ids:
-                if record_id in self.records:
-                    self.claims[record_id] = owner
-        else:
-            for record_id in ids:
-                if self.claims.get(record_id) == owner:
-                    del self.claims[record_id]
-
-    def empty(self) -> None:
-        """Free the fold piecewise: dropping 100,000 entries in one call would hold the GIL for tens of ms."""
-        for table in (self.records, self.claims):
-            while table:
-                for _ in range(min(512, len(table))):
-                    table.popitem()
-                time.sleep(0)
-        self.bad = []
-
-    def free(self, alive: Callable[[Owner], bool] = owner_alive) -> Iterator[str]:
-        """Ids of records no live owner holds, in file order."""
-        judged: dict[Owner, bool] = {}
-        for record_id in self.records:
-            owner = self.claims.get(record_id)
-            if owner is None:
-                yield record_id
-                continue
-            if owner not in judged:
-                judged[owner] = alive(owner)
-            if not judged[owner]:
-                yield record_id
-
-
-LINE, LONG, TORN = "line", "long", "torn"
-
-
-def _lines(fd: int, offset: int, complete: bool, end: int | None = None) -> Iterator[tuple[bytes, int, str]]:
-    """(line, offset after it, kind) from ``offset`` to ``end`` (or the end of the file), read in chunks.
-
-    A last line without its newline is yielded (as TORN) only when
-    ``complete`` (under the lock: a torn write); otherwise a writer may still
-    be at it. A line over MAX_LINE is yielded as its head (LONG).
-    """
-    pending = b""
-    skipping = False
-    position = offset
-    while True:
-        size = _CHUNK if end is None else min(_CHUNK, end - position)
-        chunk = os.pread(fd, size, position) if size > 0 else b""
-        if not chunk:
-            break
-        base = position
-        position += len(chunk)
-        start = 0
-        while True:
-            newline = chunk.find(b"\n", start)
-            if newline < 0:
-                break
-            piece = chunk[start:newline + 1]
-            start = newline + 1
-            if skipping:
-                yield pending, base + start, LONG
-                pending, skipping = b"", False
-                continue
-            if len(pending) + len(piece) > MAX_LINE:
-                yield (pending + piece)[:_TORN_HEAD], base + start, LONG
-            else:
-                yield pending + piece, base + start, LINE
-            pending = b""
-        if not skipping:
-            pending += chunk[start:]
-            if len(pending) > MAX_LINE:
-                pending, skipping = pending[:_TORN_HEAD], True
-    if pending and complete:
-        yield pending, position, LONG if skipping else TORN
-
-
-def _apply_line(fold: Fold, line: bytes, kind: str) -> None:
-    if kind == LONG:
-        fold.bad.append(Bad(line + b"...\n", f"a line longer than {MAX_LINE} bytes"))
-    elif kind == TORN:
-        fold.bad.append(Bad(line + b"\n", "torn line (no newline at the end)"))
-    else:
-        fold.apply(line)
 
 
 _gc_lock = threading.Lock()
@@ -598,10 +146,6 @@ def _check_ours(info: os.stat_result, path: Path, setting: str) -> None:
     if info.st_nlink > 1:
         raise ParkFileError(errno.EMLINK, f"{path} has {info.st_nlink} hard links; refusing a file that is also elsewhere")
 
-
-def this_process_owner() -> Owner:
-    host, boot, ns, pid, start = this_process()
-    return Owner(host, boot, ns, pid, start, uuid.uuid4().hex[:16])
 
 
 @dataclass
@@ -1127,15 +671,3 @@ def read_log(path: str | os.PathLike[str]) -> Fold:
     finally:
         handle.close()
 
-
-def summarize(entries: Iterable[Entry]) -> Iterator[tuple[str, int, dict[str, int], float]]:
-    """(slot, count, reasons, earliest not_before) per slot, slots sorted."""
-    by_slot: dict[str, list[Entry]] = {}
-    for entry in entries:
-        by_slot.setdefault(entry.slot, []).append(entry)
-    for slot in sorted(by_slot):
-        group = by_slot[slot]
-        reasons: dict[str, int] = {}
-        for entry in group:
-            reasons[entry.reason] = reasons.get(entry.reason, 0) + 1
-        yield slot, len(group), reasons, min(entry.not_before for entry in group)

@@ -39,18 +39,9 @@ from scrapy.utils.request import request_from_dict
 
 from . import parkfile as parkfile_module
 from .failures import NOT_BEFORE, PREVIOUS_WAIT, STARTED
-from .parkfile import (
-    MAX_LINE,
-    Bad,
-    Claimed,
-    Entry,
-    ParkFile,
-    ParkFileError,
-    ParkRecord,
-    decode_value,
-    encode_value,
-    iso,
-)
+from .parkfile import Claimed, ParkFile, ParkFileError
+from .parkfold import MAX_LINE, Bad, Entry
+from .parkrecord import ParkRecord, decode_value, encode_value, iso
 from .settings import RetryAfterSettingError
 from .timers import call_from_thread, call_later, looping_call
 
