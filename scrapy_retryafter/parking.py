@@ -37,7 +37,7 @@ from scrapy.exceptions import DontCloseSpider, IgnoreRequest
 from scrapy.utils.project import data_path
 from scrapy.utils.request import request_from_dict
 
-from . import parkfile as parkfile_module
+from . import parklock
 from .failures import NOT_BEFORE, PREVIOUS_WAIT, STARTED
 from .parkfile import Claimed, ParkFile, ParkFileError
 from .parkfold import MAX_LINE, Bad, Entry
@@ -104,7 +104,7 @@ class Parking:
         self.stats = crawler.stats
         self.held_at_close = held_at_close
         self.jobdir = crawler.settings.get("JOBDIR") or None
-        if getattr(parkfile_module, "fcntl", None) is None:
+        if getattr(parklock, "fcntl", None) is None:
             raise RetryAfterSettingError(
                 "RETRY_AFTER_PARKING: parking needs POSIX file locks (fcntl), which this platform lacks; "
                 "set RETRY_AFTER_PARKING = False"
