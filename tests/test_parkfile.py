@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scrapy_retryafter import parkfile, parkfold, parklock, parkowner
+from scrapy_retryafter import parkcompact, parkfile, parkfold, parklock, parkowner
 from scrapy_retryafter.__main__ import main
 from scrapy_retryafter.parkfile import (
     Fold,
@@ -387,7 +387,7 @@ def test_a_malformed_or_hostile_line_is_set_aside_never_a_crash(tmp_path, line, 
 def test_a_line_over_the_limit_is_set_aside_by_its_head(tmp_path, monkeypatch):
     for module in (parkfile, parkfold):
         monkeypatch.setattr(module, "MAX_LINE", 10_000)
-    for module in (parkfile, parkfold, parklock):
+    for module in (parkfold, parklock, parkcompact):
         monkeypatch.setattr(module, "_CHUNK", 4096)
     path = tmp_path / "parked.jsonl"
     huge = '{"id":"big","url":"http://127.0.0.1/' + "a" * 50_000 + '"}\n'
