@@ -22,6 +22,12 @@ ours or hard-linked elsewhere is refused. Every field is hostile until
 bounded; a line that is torn, too long or malformed is set aside in
 ``FILE.torn``, never silently dropped, never a crash.
 
+The parts: the record format and its bounds (``parkrecord``), the claim
+owner and whether it lives (``parkowner``), the log folded (``parkfold``),
+safe opening, locking and whole appends (``parklock``), setting aside and
+compaction (``parkcompact``); this module is the handle and re-exports the
+public names.
+
 No Scrapy here: the Scrapy side turns requests into the plain ``request``
 dict and back.
 """
