@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from scrapy.exceptions import IgnoreRequest
 
-from .parkfile import iso
+from .parkrecord import iso
 from .retry_reporting import GIVE_UP_LEVEL_SETTING, give_up_log_level
 from .timers import sleep
 

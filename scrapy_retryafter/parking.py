@@ -38,20 +38,11 @@ from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.project import data_path
 from scrapy.utils.request import request_from_dict
 
-from . import parkfile as parkfile_module
+from . import parklock
 from .failures import NOT_BEFORE, PREVIOUS_WAIT, STARTED
-from .parkfile import (
-    MAX_LINE,
-    Bad,
-    Claimed,
-    Entry,
-    ParkFile,
-    ParkFileError,
-    ParkRecord,
-    decode_value,
-    encode_value,
-    iso,
-)
+from .parkfile import Claimed, ParkFile, ParkFileError
+from .parkfold import MAX_LINE, Bad, Entry
+from .parkrecord import ParkRecord, decode_value, encode_value, iso
 from .settings import RetryAfterSettingError
 from .timers import call_from_thread, call_later, looping_call
 
@@ -114,7 +105,7 @@ class Parking:
         self.stats = crawler.stats
         self.held_at_close = held_at_close
         self.jobdir = crawler.settings.get("JOBDIR") or None
-        if getattr(parkfile_module, "fcntl", None) is None:
+        if getattr(parklock, "fcntl", None) is None:
             raise RetryAfterSettingError(
                 "RETRY_AFTER_PARKING: parking needs POSIX file locks (fcntl), which this platform lacks; "
                 "set RETRY_AFTER_PARKING = False"

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scrapy_retryafter import parkfile
+from scrapy_retryafter import parkcompact, parkfile, parkfold, parklock, parkowner
 from scrapy_retryafter.__main__ import main
 from scrapy_retryafter.parkfile import (
     Fold,
@@ -124,13 +124,13 @@ def test_a_released_claim_and_a_dead_process_claim_are_free_and_compaction_drops
         assert [r.url for r in other.claim(lambda entry: entry.url.endswith("/0")).records] == [records[0].url]
         # A claim by a process that has exited (its pid and start time no longer match).
         child = subprocess.Popen([sys.executable, "-c", "pass"])
-        start = parkfile._start_time(child.pid)
+        start = parkowner._start_time(child.pid)
         child.wait()
-        host, boot, ns, _, _ = parkfile.this_process()
+        host, boot, ns, _, _ = parkowner.this_process()
         dead = Owner(host, boot, ns, child.pid, start or 1, "n")
         with open(path, "a") as out:
             out.write(json.dumps({"claim": [records[1].id], "by": dead.to_raw()}) + "\n")
-        assert not parkfile.owner_alive(dead)
+        assert not parkowner.owner_alive(dead)
         assert other.compact() == 3
         text = path.read_text()
         assert str(child.pid) not in text and lot.owner.nonce not in text  # dead and released claims gone
@@ -138,9 +138,9 @@ def test_a_released_claim_and_a_dead_process_claim_are_free_and_compaction_drops
 
 
 def test_a_claim_from_another_boot_is_free_and_one_from_another_machine_is_kept():
-    host, boot, ns, pid, start = parkfile.this_process()
-    assert not parkfile.owner_alive(Owner(host, "another-boot", ns, pid, start, "n"))
-    assert parkfile.owner_alive(Owner("another-host", boot, ns, 1, 1, "n"))
+    host, boot, ns, pid, start = parkowner.this_process()
+    assert not parkowner.owner_alive(Owner(host, "another-boot", ns, pid, start, "n"))
+    assert parkowner.owner_alive(Owner("another-host", boot, ns, 1, 1, "n"))
 
 
 def test_a_torn_last_line_is_set_aside_at_compaction_and_the_next_append_stays_whole(tmp_path):
@@ -385,8 +385,10 @@ def test_a_malformed_or_hostile_line_is_set_aside_never_a_crash(tmp_path, line, 
 
 
 def test_a_line_over_the_limit_is_set_aside_by_its_head(tmp_path, monkeypatch):
-    monkeypatch.setattr(parkfile, "MAX_LINE", 10_000)
-    monkeypatch.setattr(parkfile, "_CHUNK", 4096)
+    for module in (parkfile, parkfold):
+        monkeypatch.setattr(module, "MAX_LINE", 10_000)
+    for module in (parkfold, parklock, parkcompact):
+        monkeypatch.setattr(module, "_CHUNK", 4096)
     path = tmp_path / "parked.jsonl"
     huge = '{"id":"big","url":"http://127.0.0.1/' + "a" * 50_000 + '"}\n'
     path.write_text(_raw(id="good") + huge + _raw(id="after", url="http://127.0.0.1/after"))

@@ -1,0 +1,215 @@
+"""The park log's upkeep: bad lines set aside in ``FILE.torn``, and compaction.
+
+Compaction writes the folded log (live records, live claims) to a
+``mkstemp`` file beside it and renames it over; the lock is held only to
+copy what was appended meanwhile. With nothing left the file is removed.
+No Scrapy here.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .parkfold import _CHUNK, LINE, MAX_IDS_PER_LINE, Bad, Fold, _apply_line, _lines
+from .parklock import (
+    LockedFile,
+    ParkFileError,
+    _committed,
+    _identity,
+    _no_gc_pauses,
+)
+from .parkowner import Owner, owner_alive, this_process_owner
+
+_STALE_TEMPORARY = 3600.0
+
+
+class CompactingLog(LockedFile):
+    """A park log with an owner: the change lines it appends, what it sets aside, and its rewrite."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        setting: str,
+        write: Callable[[int, bytes], int] = os.write,
+        fsync: Callable[[int], None] = os.fsync,
+    ) -> None:
+        super().__init__(path, setting=setting, write=write, fsync=fsync)
+        self.owner = this_process_owner()
+        self._mutex = threading.Lock()
+        self._tombstones = 0
+
+    def _changes(self, kind: str, ids: list[str]) -> bytes:
+        out = []
+        for start in range(0, len(ids), MAX_IDS_PER_LINE):
+            line: dict[str, Any] = {kind: ids[start:start + MAX_IDS_PER_LINE]}
+            if kind != "done":
+                line["by"] = self.owner.to_raw()
+            out.append(json.dumps(line, separators=(",", ":")).encode("ascii") + b"\n")
+        return b"".join(out)
+
+    # -- setting aside and compacting -----------------------------------------------------
+
+    def set_aside(self, bad: list[Bad]) -> None:
+        """Move lines to FILE.torn: written and fsynced there before they leave the park file."""
+        if not bad:
+            return
+        self._keep_aside(bad)
+        ids = [item.id for item in bad if item.id]
+        if ids:
+            self._append(self._changes("done", ids), create=False)
+
+    def _keep_aside(self, bad: list[Bad]) -> None:
+        dir_fd = self._dir(True)
+        assert dir_fd is not None
+        try:
+            fd = self._open_in(dir_fd, self.torn_path.name, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            try:
+                self._write_all(fd, b"".join(item.line if item.line.endswith(b"\n") else item.line + b"\n" for item in bad))
+                self._fsync(fd)
+            finally:
+                os.close(fd)
+        finally:
+            os.close(dir_fd)
+
+    def compact(self, release_own: bool = False) -> int:
+        """Rewrite the log as its live records and live claims; remove it when nothing is left.
+
+        The rewrite is built before the lock; under it, only lines appended
+        meanwhile are copied. Returns the number of records left.
+        """
+        dir_fd = self._dir(False)
+        if dir_fd is None:
+            return 0
+        try:
+            with self._mutex, _no_gc_pauses():
+                self._tombstones = 0
+                return self._compact(dir_fd, release_own)
+        finally:
+            os.close(dir_fd)
+
+    def _compact(self, dir_fd: int, release_own: bool) -> int:
+        try:
+            snapshot = self._open_in(dir_fd, self.path.name, os.O_RDONLY)
+        except FileNotFoundError:
+            return 0
+        try:
+            # Open until the comparison under the lock: its inode cannot be reused meanwhile.
+            return self._compact_from(dir_fd, snapshot, release_own)
+        finally:
+            os.close(snapshot)
+
+    def _compact_from(self, dir_fd: int, fd: int, release_own: bool) -> int:
+        fold = Fold()
+        try:
+            return self._compact_fold(dir_fd, fd, release_own, fold)
+        finally:
+            fold.empty()
+
+    def _compact_fold(self, dir_fd: int, fd: int, release_own: bool, fold: Fold) -> int:
+        offset = 0
+        before = _identity(os.fstat(fd))
+        for line, offset, kind in _lines(fd, 0, complete=False, end=_committed(fd)):  # noqa: B007 (read after)
+            _apply_line(fold, line, kind)
+        mine = self.owner
+        claims: dict[Owner, list[str]] = {}
+        judged: dict[Owner, bool] = {}
+        for record_id, owner in fold.claims.items():
+            if owner not in judged:
+                judged[owner] = not (release_own and owner == mine) and owner_alive(owner)
+            if judged[owner]:
+                claims.setdefault(owner, []).append(record_id)
+        if fold.bad:
+            self._keep_aside(fold.bad)
+        temporary, name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        try:
+            created = os.stat(os.path.basename(name), dir_fd=dir_fd, follow_symlinks=False)
+            if _identity(created) != _identity(os.fstat(temporary)):
+                raise ParkFileError(errno.EXDEV, f"{self.path.parent} changed under the compaction")
+            size = self._write_folded(temporary, fold, claims)
+            self._fsync(temporary)
+            locked = self._locked(dir_fd, create=False)
+            if locked is None:
+                return 0
+            try:
+                if _identity(os.fstat(locked)) != before:
+                    return len(fold.records)  # another process compacted meanwhile: its file stands
+                tail = Fold()
+                copied = b""
+                for line, _, kind in _lines(locked, offset, complete=True):
+                    set_aside = len(tail.bad)
+                    _apply_line(tail, line, kind)
+                    if kind == LINE and len(tail.bad) == set_aside:
+                        copied += line
+                if tail.bad:
+                    self._keep_aside(tail.bad)
+                self._remove_stale_temporaries(dir_fd, os.path.basename(name))
+                left = len(fold.records) + len(tail.records)
+                if left == 0 and not copied.strip():
+                    os.unlink(self.path.name, dir_fd=dir_fd)
+                    self._fsync_dir(dir_fd)
+                    return 0
+                self._write_all(temporary, copied, size)
+                self._fsync(temporary)
+                os.rename(os.path.basename(name), self.path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                name = ""
+                self._fsync_dir(dir_fd)
+                return left
+            finally:
+                os.close(locked)
+        finally:
+            os.close(temporary)
+            if name:
+                try:
+                    os.unlink(os.path.basename(name), dir_fd=dir_fd)
+                except OSError:
+                    pass
+
+    def _remove_stale_temporaries(self, dir_fd: int, own: str) -> None:
+        """Temporary files of compactions killed half-way (an hour old, ours, regular): removed."""
+        prefix, now = f".{self.path.name}.", time.time()
+        try:
+            names = os.listdir(dir_fd)
+        except OSError:
+            return
+        for entry in names:
+            if entry == own or not (entry.startswith(prefix) and entry.endswith(".tmp")):
+                continue
+            try:
+                info = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
+                if (stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
+                        and now - info.st_mtime > _STALE_TEMPORARY):
+                    os.unlink(entry, dir_fd=dir_fd)
+            except OSError:
+                continue
+
+    def _write_folded(self, fd: int, fold: Fold, claims: dict[Owner, list[str]]) -> int:
+        offset = 0
+        batch: list[bytes] = []
+        batched = 0
+        for entry in fold.records.values():
+            batch.append(entry.line)
+            batched += len(entry.line)
+            if not len(batch) % 256:
+                time.sleep(0)
+            if batched >= _CHUNK:
+                data = b"".join(batch)
+                self._write_all(fd, data, offset)
+                offset += len(data)
+                batch, batched = [], 0
+        for owner, ids in claims.items():
+            for start in range(0, len(ids), MAX_IDS_PER_LINE):
+                line = {"claim": ids[start:start + MAX_IDS_PER_LINE], "by": owner.to_raw()}
+                batch.append(json.dumps(line, separators=(",", ":")).encode("ascii") + b"\n")
+        data = b"".join(batch)
+        self._write_all(fd, data, offset)
+        return offset + len(data)
+

@@ -1,0 +1,203 @@
+"""The park log folded: its lines read in order (a later line wins) into live records and claims.
+
+Lines are read in bounded chunks; a torn, too long or malformed line becomes
+a ``Bad`` (set aside by the park file), never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .parkowner import Owner, owner_alive
+from .parkrecord import _ID, ParkRecord
+
+MAX_LINE = 16 * 1024 * 1024
+"""Longest line read or written; a request this large is parked by its URL."""
+MAX_IDS_PER_LINE = 1000
+_CHUNK = 1 << 20
+_TORN_HEAD = 4096
+
+
+@dataclass
+class Entry:
+    """A record as the log holds it: its line, and what choosing and summing it need."""
+
+    line: bytes
+    spider: str
+    slot: str
+    reason: str
+    url: str
+    not_before: float
+
+    def record(self) -> ParkRecord:
+        return ParkRecord.from_line(self.line.decode("ascii"))
+
+
+@dataclass
+class Bad:
+    """A line set aside: its bytes (the head only, past MAX_LINE) and why."""
+
+    line: bytes
+    why: str
+    id: str | None = None
+    url: str | None = None
+
+
+class Fold:
+    """The log read in order: live records, claims, and the lines that are no record."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, Entry] = {}
+        self.claims: dict[str, Owner] = {}
+        self.bad: list[Bad] = []
+        self.lines = 0
+
+    def apply(self, line: bytes) -> None:
+        if not line.strip():
+            return
+        self.lines += 1
+        if not self.lines % 32:
+            time.sleep(0)  # let a waiting thread (the reactor) have the GIL now, not at the next switch
+        try:
+            raw = json.loads(line.decode("ascii"))
+        except (ValueError, RecursionError):
+            self.bad.append(Bad(line, "not a JSON line (a torn write?)"))
+            return
+        if isinstance(raw, dict) and "url" in raw:
+            try:
+                record = ParkRecord.from_raw(raw, line.decode("ascii"))
+            except (ValueError, TypeError, OverflowError, RecursionError) as error:
+                record_id = raw.get("id")
+                url = raw.get("url")
+                self.bad.append(Bad(
+                    line, str(error),
+                    record_id if isinstance(record_id, str) and _ID.match(record_id) else None,
+                    url[:200] if isinstance(url, str) else None,
+                ))
+                return
+            self.records.pop(record.id, None)
+            self.records[record.id] = Entry(line, record.spider, record.slot, record.reason, record.url, record.not_before)
+            self.claims.pop(record.id, None)
+            return
+        try:
+            self._apply_change(raw)
+        except ValueError as error:
+            self.bad.append(Bad(line, str(error)))
+
+    def _apply_change(self, raw: Any) -> None:
+        if not isinstance(raw, dict) or len(raw) > 2:
+            raise ValueError("not a park-file line")
+        kind = next((key for key in ("done", "claim", "release") if key in raw), None)
+        ids = raw.get(kind) if kind else None
+        if not isinstance(ids, list) or len(ids) > MAX_IDS_PER_LINE or not all(
+            isinstance(i, str) and _ID.match(i) for i in ids
+        ):
+            raise ValueError("not a park-file line")
+        if kind == "done":
+            for record_id in ids:
+                self.records.pop(record_id, None)
+                self.claims.pop(record_id, None)
+            return
+        owner = Owner.from_raw(raw.get("by"))
+        if kind == "claim":
+            for record_id in ids:
+                if record_id in self.records:
+                    self.claims[record_id] = owner
+        else:
+            for record_id in ids:
+                if self.claims.get(record_id) == owner:
+                    del self.claims[record_id]
+
+    def empty(self) -> None:
+        """Free the fold piecewise: dropping 100,000 entries in one call would hold the GIL for tens of ms."""
+        for table in (self.records, self.claims):
+            while table:
+                for _ in range(min(512, len(table))):
+                    table.popitem()
+                time.sleep(0)
+        self.bad = []
+
+    def free(self, alive: Callable[[Owner], bool] = owner_alive) -> Iterator[str]:
+        """Ids of records no live owner holds, in file order."""
+        judged: dict[Owner, bool] = {}
+        for record_id in self.records:
+            owner = self.claims.get(record_id)
+            if owner is None:
+                yield record_id
+                continue
+            if owner not in judged:
+                judged[owner] = alive(owner)
+            if not judged[owner]:
+                yield record_id
+
+
+LINE, LONG, TORN = "line", "long", "torn"
+
+
+def _lines(fd: int, offset: int, complete: bool, end: int | None = None) -> Iterator[tuple[bytes, int, str]]:
+    """(line, offset after it, kind) from ``offset`` to ``end`` (or the end of the file), read in chunks.
+
+    A last line without its newline is yielded (as TORN) only when
+    ``complete`` (under the lock: a torn write); otherwise a writer may still
+    be at it. A line over MAX_LINE is yielded as its head (LONG).
+    """
+    pending = b""
+    skipping = False
+    position = offset
+    while True:
+        size = _CHUNK if end is None else min(_CHUNK, end - position)
+        chunk = os.pread(fd, size, position) if size > 0 else b""
+        if not chunk:
+            break
+        base = position
+        position += len(chunk)
+        start = 0
+        while True:
+            newline = chunk.find(b"\n", start)
+            if newline < 0:
+                break
+            piece = chunk[start:newline + 1]
+            start = newline + 1
+            if skipping:
+                yield pending, base + start, LONG
+                pending, skipping = b"", False
+                continue
+            if len(pending) + len(piece) > MAX_LINE:
+                yield (pending + piece)[:_TORN_HEAD], base + start, LONG
+            else:
+                yield pending + piece, base + start, LINE
+            pending = b""
+        if not skipping:
+            pending += chunk[start:]
+            if len(pending) > MAX_LINE:
+                pending, skipping = pending[:_TORN_HEAD], True
+    if pending and complete:
+        yield pending, position, LONG if skipping else TORN
+
+
+def _apply_line(fold: Fold, line: bytes, kind: str) -> None:
+    if kind == LONG:
+        fold.bad.append(Bad(line + b"...\n", f"a line longer than {MAX_LINE} bytes"))
+    elif kind == TORN:
+        fold.bad.append(Bad(line + b"\n", "torn line (no newline at the end)"))
+    else:
+        fold.apply(line)
+
+
+
+def summarize(entries: Iterable[Entry]) -> Iterator[tuple[str, int, dict[str, int], float]]:
+    """(slot, count, reasons, earliest not_before) per slot, slots sorted."""
+    by_slot: dict[str, list[Entry]] = {}
+    for entry in entries:
+        by_slot.setdefault(entry.slot, []).append(entry)
+    for slot in sorted(by_slot):
+        group = by_slot[slot]
+        reasons: dict[str, int] = {}
+        for entry in group:
+            reasons[entry.reason] = reasons.get(entry.reason, 0) + 1
+        yield slot, len(group), reasons, min(entry.not_before for entry in group)
