@@ -84,19 +84,26 @@ def decide(
     ``previous_wait`` is the request's last backoff, which decorrelated jitter grows from.
     """
     limit = policy.max_retries if max_retries is None else max_retries
+    # Checked before the cap: a request that may have run is never parked to be replayed later.
+    repeatable = status == 429 or method.upper() in IDEMPOTENT_METHODS or has_idempotency_key
+    not_repeatable = f"{method.upper()} without Idempotency-Key is not repeated after {status}"
     if retry_after is not None and retry_after > policy.max_delay:
         refuse = min(retry_after, _REFUSE_AT_MOST)
-        return Decision(False, 0.0, refuse, f"Retry-After {retry_after:g}s is over the {policy.max_delay:g}s cap", "over_cap")
+        over_cap = f"Retry-After {retry_after:g}s is over the {policy.max_delay:g}s cap"
+        if not repeatable:
+            return Decision(False, 0.0, refuse, f"{not_repeatable} ({over_cap})", "not_repeatable")
+        return Decision(False, 0.0, refuse, over_cap, "over_cap")
     if retry_after is not None and retry_after > 0:
         cooldown = retry_after * policy.pad
         why = f"Retry-After {retry_after:g}s x{policy.pad:g}"
     else:
         cooldown = policy.backoff.wait(throttles, previous_wait, rng)
         why = "no usable Retry-After, backoff"
-    if status != 429 and method.upper() not in IDEMPOTENT_METHODS and not has_idempotency_key:
-        return Decision(False, cooldown, 0.0, f"{method.upper()} without Idempotency-Key is not repeated after {status}", "not_repeatable")
+    if not repeatable:
+        return Decision(False, cooldown, 0.0, not_repeatable, "not_repeatable")
     if throttles > limit:
         return Decision(False, cooldown, 0.0, f"{limit} retries exhausted", "retries_exhausted")
     if budget_spent and not (retry_after is not None and retry_after > 0):
         return Decision(False, cooldown, 0.0, "retry budget spent: too many blind retries of late", "budget_spent")
     return Decision(True, cooldown, 0.0, why)
+

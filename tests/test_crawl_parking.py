@@ -119,6 +119,34 @@ async def test_exhausted_retries_and_a_spent_budget_are_parked_but_a_bare_post_f
     assert crawler.spider.failures[0].request.url == host.url("/post")
 
 
+@pytest.mark.parametrize("method", ["POST", "PATCH"])
+@pytest_twisted.ensureDeferred
+async def test_a_bare_post_over_the_cap_is_never_parked_but_one_with_a_key_is(server, tmp_path, caplog, method):
+    bare = server.add_host(HostConfig(status=503, reject_first=10**6, penalty=0.01, retry_after="3600"))
+    keyed = server.add_host(HostConfig(status=503, reject_first=10**6, penalty=0.01, retry_after="3600"))
+    server.start()
+    park_file = tmp_path / "parked.jsonl"
+    settings = {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file)}
+    requests = [
+        Request(bare.url("/bare"), method=method, body=b"x"),
+        Request(keyed.url("/keyed"), method=method, body=b"x", headers={"Idempotency-Key": "k1"}),
+    ]
+    crawler = await crawl(requests, settings)
+    assert len(server.arrivals(bare)) == len(server.arrivals(keyed)) == 1
+    # The bare one was answered 503 and may have run: never parked, so never replayed.
+    records = _records(park_file)
+    assert [r["url"] for r in records] == [keyed.url("/keyed")]
+    assert records[0]["reason"] == "over_cap"
+    (failure,) = crawler.spider.failures
+    assert failure.request.url == bare.url("/bare")
+    assert failure.value.response.status == 503  # Scrapy's HttpError, as without the add-on
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Gave up") and "/bare" in r.getMessage()]
+    assert f"{method} without Idempotency-Key" in line and "repeating it could apply it twice" in line
+    assert "over the 300s cap" in line
+    # The slot is still refused until the host's time.
+    assert crawler.stats.get_value("retry_after/parked") == 1
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_request_that_cannot_be_serialized_is_parked_by_its_url(server, tmp_path, caplog):
     host = server.add_host(HostConfig(reject_first=10**6, penalty=0.01, retry_after="3600"))
