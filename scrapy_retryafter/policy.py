@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .backoff import Backoff, Uniform
 
-__all__ = ["IDEMPOTENT_METHODS", "Decision", "SlotPolicy", "decide"]
+__all__ = ["IDEMPOTENT_METHODS", "Decision", "SlotPolicy", "decide", "spider_handles"]
 
 _REFUSE_AT_MOST = 7 * 86400.0
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
@@ -107,3 +109,31 @@ def decide(
         return Decision(False, cooldown, 0.0, "retry budget spent: too many blind retries of late", "budget_spent")
     return Decision(True, cooldown, 0.0, why)
 
+
+def spider_handles(
+    status: int,
+    meta: Mapping[str, Any],
+    spider_codes: Any,
+    *,
+    allow_all: bool,
+    allowed_codes: Collection[Any],
+) -> bool:
+    """Whether Scrapy's HttpErrorMiddleware would hand a ``status`` response to the callback.
+
+    The same order as stock: the request's meta, then HTTPERROR_ALLOW_ALL, then the spider's
+    ``handle_httpstatus_list`` (``spider_codes``, None when it has none), then HTTPERROR_ALLOWED_CODES.
+    A spider that asked for the status gets the final response instead of having it parked.
+    A value that is not a collection of codes allows nothing (stock would fail on it).
+    """
+    if 200 <= status < 300 or meta.get("handle_httpstatus_all", False):
+        return True
+    if "handle_httpstatus_list" in meta:
+        allowed = meta["handle_httpstatus_list"]
+    elif allow_all:
+        return True
+    else:
+        allowed = allowed_codes if spider_codes is None else spider_codes
+    try:
+        return status in allowed
+    except TypeError:
+        return False

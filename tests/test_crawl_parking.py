@@ -445,3 +445,46 @@ async def test_a_file_of_garbage_gives_a_bounded_number_of_warnings_and_the_good
     assert not any("\x1b" in w for w in warnings)
     assert crawler.stats.get_value("retry_after/park_file_set_aside") == 500
     assert len(park_file.with_name("parked.jsonl.torn").read_text().splitlines()) == 500
+
+
+class HandlesThrottlesSpider(ListSpider):
+    handle_httpstatus_list = [429]
+
+
+@pytest.mark.parametrize(
+    ("how", "meta", "settings", "spider_cls"),
+    [
+        ("meta list", {"handle_httpstatus_list": [429]}, {}, ListSpider),
+        ("meta all", {"handle_httpstatus_all": True}, {}, ListSpider),
+        ("spider attribute", {}, {}, HandlesThrottlesSpider),
+        ("HTTPERROR_ALLOWED_CODES", {}, {"HTTPERROR_ALLOWED_CODES": [429]}, ListSpider),
+        ("HTTPERROR_ALLOW_ALL", {}, {"HTTPERROR_ALLOW_ALL": True}, ListSpider),
+    ],
+)
+@pytest_twisted.ensureDeferred
+async def test_a_spider_that_handles_the_status_gets_the_last_response_instead_of_a_park(
+    server, tmp_path, caplog, how, meta, settings, spider_cls
+):
+    host = server.add_host(HostConfig(reject_first=10**6, penalty=0.05))
+    server.start()
+    park_file = tmp_path / "parked.jsonl"
+    settings = {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file), "RETRY_AFTER_MAX_RETRIES": 1,
+                "RETRY_AFTER_WAKE_JITTER": 0, "RETRY_AFTER_ADAPTIVE": False, **settings}
+    crawler = await crawl([Request(host.url("/limited"), meta=meta)], settings, spider_cls=spider_cls)
+    assert [a.status for a in server.arrivals(host)] == [429, 429]  # retried as usual first
+    assert crawler.spider.seen == [(host.url("/limited"), 429)]  # as stock Scrapy delivers it
+    assert crawler.spider.failures == []
+    assert _records(park_file) == []
+    assert "passed to the spider, which handles 429 itself" in caplog.text
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_spider_that_handles_another_status_still_has_the_exhausted_request_parked(server, tmp_path):
+    host = server.add_host(HostConfig(reject_first=10**6, penalty=0.05))
+    server.start()
+    park_file = tmp_path / "parked.jsonl"
+    settings = {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file), "RETRY_AFTER_MAX_RETRIES": 1,
+                "RETRY_AFTER_WAKE_JITTER": 0, "RETRY_AFTER_ADAPTIVE": False, "HTTPERROR_ALLOWED_CODES": [404]}
+    crawler = await crawl([Request(host.url("/limited"))], settings)
+    assert crawler.spider.seen == [] and crawler.spider.failures == []
+    assert [r["reason"] for r in _records(park_file)] == ["retries_exhausted"]

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scrapy_retryafter.backoff import STRATEGIES
-from scrapy_retryafter.policy import IDEMPOTENT_METHODS, Decision, SlotPolicy, decide
+from scrapy_retryafter.policy import IDEMPOTENT_METHODS, Decision, SlotPolicy, decide, spider_handles
 
 DEFAULT = SlotPolicy()
 
@@ -343,3 +343,31 @@ def test_no_number_makes_a_decision_unbounded(retry_after, previous_wait, strate
     assert 0.0 <= decision.refuse <= 7 * 86400.0
     assert decision.refuse == 0.0 or decision.cooldown == 0.0
 
+
+# --------------------------------------------------------------------------
+# the spider's own status handling (as Scrapy's HttpErrorMiddleware reads it)
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("meta", "spider_codes", "allow_all", "allowed_codes", "handles"),
+    [
+        ({}, None, False, [], False),
+        ({"handle_httpstatus_list": [429]}, None, False, [], True),
+        ({"handle_httpstatus_list": [503]}, None, False, [], False),
+        ({"handle_httpstatus_all": True}, None, False, [], True),
+        ({"handle_httpstatus_all": False}, None, False, [], False),
+        ({}, [429], False, [], True),
+        ({}, None, False, [429], True),
+        ({}, None, True, [], True),
+        # The meta list overrides HTTPERROR_ALLOW_ALL; the spider attribute overrides the setting's codes.
+        ({"handle_httpstatus_list": []}, None, True, [], False),
+        ({}, [404], False, [429], False),
+        ({}, [404], True, [], True),
+        # Not a collection of codes: allows nothing, never raises.
+        ({"handle_httpstatus_list": None}, None, False, [], False),
+        ({}, 429, False, [], False),
+    ],
+)
+def test_spider_handles_as_httperror_middleware_does(meta, spider_codes, allow_all, allowed_codes, handles):
+    assert spider_handles(429, meta, spider_codes, allow_all=allow_all, allowed_codes=allowed_codes) is handles
