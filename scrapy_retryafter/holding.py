@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from scrapy.exceptions import IgnoreRequest
 
 from .parkrecord import iso
+from .policy import spider_handles
 from .retry_reporting import GIVE_UP_LEVEL_SETTING, give_up_log_level
 from .timers import sleep
 
@@ -46,6 +47,9 @@ class GiveUp:
         self.stats = crawler.stats
         self.parking = parking
         self._give_up_level_setting = crawler.settings.get(GIVE_UP_LEVEL_SETTING)
+        # Read as HttpErrorMiddleware reads them: the spider's own status handling wins at the end.
+        self._allow_all = crawler.settings.getbool("HTTPERROR_ALLOW_ALL")
+        self._allowed_codes = crawler.settings.getlist("HTTPERROR_ALLOWED_CODES")
 
     def __call__(
         self,
@@ -63,8 +67,9 @@ class GiveUp:
         or None when the caller passes the failure on to the spider.
 
         ``attempts`` is given for failures other than throttles (RETRY_AFTER_ALL_RETRIES).
-        Not parked: a request that repeating could apply twice (``not_repeatable``), and one
-        whose failure is the answer (``park=False``: its retries are exhausted).
+        Not parked: a request that repeating could apply twice (``not_repeatable``), one
+        whose failure is the answer (``park=False``: its retries are exhausted), and one whose
+        retries are exhausted on a status the spider asked to handle (it gets the response).
         """
         assert self.stats is not None
         self.stats.inc_value("retry_after/gave_up")
@@ -75,7 +80,9 @@ class GiveUp:
         parked: Request | None = None
         # Stock's level for a give-up (RETRY_GIVE_UP_LOG_LEVEL, give_up_log_level); a parked request is not one.
         level = give_up_log_level(request.meta, self._give_up_level_setting)
-        if parking is None or not park or outcome == "not_repeatable":
+        if parking is not None and park and outcome == "retries_exhausted" and self._spider_handles(request, status):
+            fate = f"; passed to the spider, which handles {status} itself"
+        elif parking is None or not park or outcome == "not_repeatable":
             fate = "" if parking is None or outcome != "not_repeatable" else "; not parked: repeating it could apply it twice"
         else:
             parked = self.park(request, slot, outcome, reason, attempts, wait)
@@ -98,6 +105,12 @@ class GiveUp:
             extra={"spider": self.crawler.spider},
         )
         return parked
+
+    def _spider_handles(self, request: Request, status: int | None) -> bool:
+        if status is None:
+            return False
+        spider_codes = getattr(self.crawler.spider, "handle_httpstatus_list", None)
+        return spider_handles(status, request.meta, spider_codes, allow_all=self._allow_all, allowed_codes=self._allowed_codes)
 
     def park(self, request: Request, slot: str, reason: str, detail: str, attempts: int, wait: float) -> Request | None:
         """``Parking.park``, or None when the record cannot be made durable: the request then

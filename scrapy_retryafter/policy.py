@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .backoff import Backoff, Uniform
 
-__all__ = ["IDEMPOTENT_METHODS", "Decision", "SlotPolicy", "decide"]
+__all__ = ["IDEMPOTENT_METHODS", "Decision", "SlotPolicy", "decide", "spider_handles"]
 
 _REFUSE_AT_MOST = 7 * 86400.0
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
@@ -84,19 +86,54 @@ def decide(
     ``previous_wait`` is the request's last backoff, which decorrelated jitter grows from.
     """
     limit = policy.max_retries if max_retries is None else max_retries
+    # Checked before the cap: a request that may have run is never parked to be replayed later.
+    repeatable = status == 429 or method.upper() in IDEMPOTENT_METHODS or has_idempotency_key
+    not_repeatable = f"{method.upper()} without Idempotency-Key is not repeated after {status}"
     if retry_after is not None and retry_after > policy.max_delay:
         refuse = min(retry_after, _REFUSE_AT_MOST)
-        return Decision(False, 0.0, refuse, f"Retry-After {retry_after:g}s is over the {policy.max_delay:g}s cap", "over_cap")
+        over_cap = f"Retry-After {retry_after:g}s is over the {policy.max_delay:g}s cap"
+        if not repeatable:
+            return Decision(False, 0.0, refuse, f"{not_repeatable} ({over_cap})", "not_repeatable")
+        return Decision(False, 0.0, refuse, over_cap, "over_cap")
     if retry_after is not None and retry_after > 0:
         cooldown = retry_after * policy.pad
         why = f"Retry-After {retry_after:g}s x{policy.pad:g}"
     else:
         cooldown = policy.backoff.wait(throttles, previous_wait, rng)
         why = "no usable Retry-After, backoff"
-    if status != 429 and method.upper() not in IDEMPOTENT_METHODS and not has_idempotency_key:
-        return Decision(False, cooldown, 0.0, f"{method.upper()} without Idempotency-Key is not repeated after {status}", "not_repeatable")
+    if not repeatable:
+        return Decision(False, cooldown, 0.0, not_repeatable, "not_repeatable")
     if throttles > limit:
         return Decision(False, cooldown, 0.0, f"{limit} retries exhausted", "retries_exhausted")
     if budget_spent and not (retry_after is not None and retry_after > 0):
         return Decision(False, cooldown, 0.0, "retry budget spent: too many blind retries of late", "budget_spent")
     return Decision(True, cooldown, 0.0, why)
+
+
+def spider_handles(
+    status: int,
+    meta: Mapping[str, Any],
+    spider_codes: Any,
+    *,
+    allow_all: bool,
+    allowed_codes: Collection[Any],
+) -> bool:
+    """Whether Scrapy's HttpErrorMiddleware would hand a ``status`` response to the callback.
+
+    The same order as stock: the request's meta, then HTTPERROR_ALLOW_ALL, then the spider's
+    ``handle_httpstatus_list`` (``spider_codes``, None when it has none), then HTTPERROR_ALLOWED_CODES.
+    A spider that asked for the status gets the final response instead of having it parked.
+    A value that is not a collection of codes allows nothing (stock would fail on it).
+    """
+    if 200 <= status < 300 or meta.get("handle_httpstatus_all", False):
+        return True
+    if "handle_httpstatus_list" in meta:
+        allowed = meta["handle_httpstatus_list"]
+    elif allow_all:
+        return True
+    else:
+        allowed = allowed_codes if spider_codes is None else spider_codes
+    try:
+        return status in allowed
+    except TypeError:
+        return False

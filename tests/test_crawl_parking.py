@@ -119,6 +119,34 @@ async def test_exhausted_retries_and_a_spent_budget_are_parked_but_a_bare_post_f
     assert crawler.spider.failures[0].request.url == host.url("/post")
 
 
+@pytest.mark.parametrize("method", ["POST", "PATCH"])
+@pytest_twisted.ensureDeferred
+async def test_a_bare_post_over_the_cap_is_never_parked_but_one_with_a_key_is(server, tmp_path, caplog, method):
+    bare = server.add_host(HostConfig(status=503, reject_first=10**6, penalty=0.01, retry_after="3600"))
+    keyed = server.add_host(HostConfig(status=503, reject_first=10**6, penalty=0.01, retry_after="3600"))
+    server.start()
+    park_file = tmp_path / "parked.jsonl"
+    settings = {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file)}
+    requests = [
+        Request(bare.url("/bare"), method=method, body=b"x"),
+        Request(keyed.url("/keyed"), method=method, body=b"x", headers={"Idempotency-Key": "k1"}),
+    ]
+    crawler = await crawl(requests, settings)
+    assert len(server.arrivals(bare)) == len(server.arrivals(keyed)) == 1
+    # The bare one was answered 503 and may have run: never parked, so never replayed.
+    records = _records(park_file)
+    assert [r["url"] for r in records] == [keyed.url("/keyed")]
+    assert records[0]["reason"] == "over_cap"
+    (failure,) = crawler.spider.failures
+    assert failure.request.url == bare.url("/bare")
+    assert failure.value.response.status == 503  # Scrapy's HttpError, as without the add-on
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Gave up") and "/bare" in r.getMessage()]
+    assert f"{method} without Idempotency-Key" in line and "repeating it could apply it twice" in line
+    assert "over the 300s cap" in line
+    # The slot is still refused until the host's time.
+    assert crawler.stats.get_value("retry_after/parked") == 1
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_request_that_cannot_be_serialized_is_parked_by_its_url(server, tmp_path, caplog):
     host = server.add_host(HostConfig(reject_first=10**6, penalty=0.01, retry_after="3600"))
@@ -419,3 +447,46 @@ async def test_a_file_of_garbage_gives_a_bounded_number_of_warnings_and_the_good
     assert not any("\x1b" in w for w in warnings)
     assert crawler.stats.get_value("retry_after/park_file_set_aside") == 500
     assert len(park_file.with_name("parked.jsonl.torn").read_text().splitlines()) == 500
+
+
+class HandlesThrottlesSpider(ListSpider):
+    handle_httpstatus_list = [429]
+
+
+@pytest.mark.parametrize(
+    ("how", "meta", "settings", "spider_cls"),
+    [
+        ("meta list", {"handle_httpstatus_list": [429]}, {}, ListSpider),
+        ("meta all", {"handle_httpstatus_all": True}, {}, ListSpider),
+        ("spider attribute", {}, {}, HandlesThrottlesSpider),
+        ("HTTPERROR_ALLOWED_CODES", {}, {"HTTPERROR_ALLOWED_CODES": [429]}, ListSpider),
+        ("HTTPERROR_ALLOW_ALL", {}, {"HTTPERROR_ALLOW_ALL": True}, ListSpider),
+    ],
+)
+@pytest_twisted.ensureDeferred
+async def test_a_spider_that_handles_the_status_gets_the_last_response_instead_of_a_park(
+    server, tmp_path, caplog, how, meta, settings, spider_cls
+):
+    host = server.add_host(HostConfig(reject_first=10**6, penalty=0.05))
+    server.start()
+    park_file = tmp_path / "parked.jsonl"
+    settings = {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file), "RETRY_AFTER_MAX_RETRIES": 1,
+                "RETRY_AFTER_WAKE_JITTER": 0, "RETRY_AFTER_ADAPTIVE": False, **settings}
+    crawler = await crawl([Request(host.url("/limited"), meta=meta)], settings, spider_cls=spider_cls)
+    assert [a.status for a in server.arrivals(host)] == [429, 429]  # retried as usual first
+    assert crawler.spider.seen == [(host.url("/limited"), 429)]  # as stock Scrapy delivers it
+    assert crawler.spider.failures == []
+    assert _records(park_file) == []
+    assert "passed to the spider, which handles 429 itself" in caplog.text
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_spider_that_handles_another_status_still_has_the_exhausted_request_parked(server, tmp_path):
+    host = server.add_host(HostConfig(reject_first=10**6, penalty=0.05))
+    server.start()
+    park_file = tmp_path / "parked.jsonl"
+    settings = {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file), "RETRY_AFTER_MAX_RETRIES": 1,
+                "RETRY_AFTER_WAKE_JITTER": 0, "RETRY_AFTER_ADAPTIVE": False, "HTTPERROR_ALLOWED_CODES": [404]}
+    crawler = await crawl([Request(host.url("/limited"))], settings)
+    assert crawler.spider.seen == [] and crawler.spider.failures == []
+    assert [r["reason"] for r in _records(park_file)] == ["retries_exhausted"]

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scrapy_retryafter.backoff import STRATEGIES
-from scrapy_retryafter.policy import IDEMPOTENT_METHODS, Decision, SlotPolicy, decide
+from scrapy_retryafter.policy import IDEMPOTENT_METHODS, Decision, SlotPolicy, decide, spider_handles
 
 DEFAULT = SlotPolicy()
 
@@ -249,6 +249,26 @@ def test_idempotency(status, method, key, retry, retry_after):
         assert "Idempotency-Key" in decision.reason
 
 
+@pytest.mark.parametrize(
+    ("status", "method", "key", "outcome"),
+    [
+        (503, "POST", False, "not_repeatable"),
+        (503, "PATCH", False, "not_repeatable"),
+        (503, "POST", True, "over_cap"),
+        (429, "POST", False, "over_cap"),
+        (503, "GET", False, "over_cap"),
+    ],
+)
+def test_idempotency_is_checked_before_the_cap(status, method, key, outcome):
+    decision = _decide(status=status, method=method, has_idempotency_key=key, retry_after=3600.0)
+    assert decision.retry is False
+    assert decision.outcome == outcome
+    # The slot is refused until the host's time either way; only the request's fate differs.
+    assert decision.refuse == 3600.0
+    assert decision.cooldown == 0.0
+    assert "over the 300s cap" in decision.reason
+
+
 def test_idempotent_methods_set():
     assert IDEMPOTENT_METHODS == {"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"}
     assert "POST" not in IDEMPOTENT_METHODS
@@ -322,3 +342,32 @@ def test_no_number_makes_a_decision_unbounded(retry_after, previous_wait, strate
     assert 0.0 <= decision.cooldown <= max(policy.max_delay * policy.pad, policy.backoff_max)
     assert 0.0 <= decision.refuse <= 7 * 86400.0
     assert decision.refuse == 0.0 or decision.cooldown == 0.0
+
+
+# --------------------------------------------------------------------------
+# the spider's own status handling (as Scrapy's HttpErrorMiddleware reads it)
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("meta", "spider_codes", "allow_all", "allowed_codes", "handles"),
+    [
+        ({}, None, False, [], False),
+        ({"handle_httpstatus_list": [429]}, None, False, [], True),
+        ({"handle_httpstatus_list": [503]}, None, False, [], False),
+        ({"handle_httpstatus_all": True}, None, False, [], True),
+        ({"handle_httpstatus_all": False}, None, False, [], False),
+        ({}, [429], False, [], True),
+        ({}, None, False, [429], True),
+        ({}, None, True, [], True),
+        # The meta list overrides HTTPERROR_ALLOW_ALL; the spider attribute overrides the setting's codes.
+        ({"handle_httpstatus_list": []}, None, True, [], False),
+        ({}, [404], False, [429], False),
+        ({}, [404], True, [], True),
+        # Not a collection of codes: allows nothing, never raises.
+        ({"handle_httpstatus_list": None}, None, False, [], False),
+        ({}, 429, False, [], False),
+    ],
+)
+def test_spider_handles_as_httperror_middleware_does(meta, spider_codes, allow_all, allowed_codes, handles):
+    assert spider_handles(429, meta, spider_codes, allow_all=allow_all, allowed_codes=allowed_codes) is handles
