@@ -265,7 +265,8 @@ async def test_the_live_view_shows_what_was_sent_apart_from_what_the_pace_allows
     shown = [(float(m[1]), float(m[2]), float(m[3])) for m in found if m]
     assert shown, held_back_lines(caplog)
     for sent, over, allowed in shown:
-        assert over == pytest.approx(0.5, abs=0.3)
+        # The real span since the last line: the interval, or more when a loaded reactor fires it late.
+        assert over >= 0.2
         assert sent <= 2 / 0.25 * 1.5  # what two connections at 0.25 s can carry, with an interval's slack
         assert allowed >= 30.0  # the announced quota, far above what is sent
     assert max(sent for sent, _, _ in shown) >= 4.0
