@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .ratelimit import RateLimitFacts, quota_pace
+from .ratelimit import MAX_RESET, RateLimitFacts, quota_pace
 
 __all__ = ["QuotaDecision", "QuotaWindows", "decide_quota", "wants_window"]
 
@@ -94,7 +94,7 @@ class QuotaWindows:
     def window(self, slot: str, reset_at: float, now: float) -> float | None:
         previous, window, _ = self._seen.get(slot, (reset_at, 0.0, now))
         if reset_at > previous:
-            window = reset_at - previous
+            window = min(reset_at - previous, MAX_RESET)  # resets far apart: still at most a week
         elif slot not in self._seen and len(self._seen) >= self.most:
             self._seen.clear()  # a broad crawl between sweeps: start over rather than grow
         self._seen[slot] = (max(previous, reset_at), window, now)

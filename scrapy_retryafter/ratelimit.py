@@ -18,12 +18,12 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-__all__ = ["QuotaWindows", "RateLimitFacts", "parse_ratelimit", "parse_retry_after_ms", "quota_pace", "speaks_ratelimit"]
+__all__ = ["RateLimitFacts", "parse_ratelimit", "parse_retry_after_ms", "quota_pace", "speaks_ratelimit"]
 
 _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 _EPOCH = 1e9  # a reset this large is a timestamp (2001-09-09 onwards), not a delta
 _EPOCH_MS = 1e12
-_MAX_RESET = 86400.0 * 7
+MAX_RESET = 86400.0 * 7
 """The longest reset or window believed: a slot is never refused for longer."""
 _MIN_WINDOW = 0.001
 _MAX_COUNT = 1e9
@@ -60,31 +60,6 @@ def quota_pace(quota: float, window: float) -> float:
     intervals inside one window even after the board's late-release credit
     (a tenth of an interval), so no window gets more than its quota."""
     return min(max(quota - 1.0, quota / 2) / max(window, _MIN_WINDOW), MAX_RATE)
-
-
-class QuotaWindows:
-    """The window of a quota stated without one (``X-RateLimit-Limit`` with an epoch reset).
-
-    The epoch a window resets at is the same on every response of that
-    window and moves on by the window's length when the next one starts;
-    spreading what is left until a reset rounded to whole seconds would
-    instead pace a one-second window at anything from half its quota up.
-    An idle slot may see the reset move on by several windows: that paces
-    it slower until the next step, never faster.
-    """
-
-    def __init__(self, most: int = 10_000) -> None:
-        self.most = most
-        self._seen: dict[str, tuple[float, float]] = {}
-
-    def window(self, slot: str, reset_at: float) -> float | None:
-        previous, window = self._seen.get(slot, (reset_at, 0.0))
-        if reset_at > previous:
-            window = min(reset_at - previous, _MAX_RESET)
-        elif slot not in self._seen and len(self._seen) >= self.most:
-            self._seen.clear()  # a broad crawl: start over rather than grow
-        self._seen[slot] = (max(previous, reset_at), window)
-        return window or None
 
 
 class _Invalid(ValueError):
@@ -127,7 +102,7 @@ def _bounded_reset(value: float) -> float:
     """Between 0 and a week, and never so near 0 that a quota spread over it is infinite."""
     if value <= 0.0:
         return 0.0
-    return min(max(value, _MIN_WINDOW), _MAX_RESET)
+    return min(max(value, _MIN_WINDOW), MAX_RESET)
 
 
 def _window(text: str | None) -> float | None:
@@ -135,7 +110,7 @@ def _window(text: str | None) -> float | None:
     value = _number(text)
     if not value:
         return None
-    return min(max(value, _MIN_WINDOW), _MAX_RESET)
+    return min(max(value, _MIN_WINDOW), MAX_RESET)
 
 
 def _first_number(text: str | None) -> float | None:
@@ -168,7 +143,7 @@ def _reset(value: float, now_epoch: float) -> tuple[float, float | None]:
         reset_at = value
     if reset_at is not None:
         value = reset_at - now_epoch
-    if value > _MAX_RESET:
+    if value > MAX_RESET:
         raise _Invalid
     return _bounded_reset(value), reset_at
 
@@ -256,5 +231,5 @@ def parse_retry_after_ms(get: Get) -> float | None:
             value = _number(_text(raw))
         except _Invalid:
             return None
-        return None if value is None else min(value / 1000.0, _MAX_RESET)
+        return None if value is None else min(value / 1000.0, MAX_RESET)
     return None

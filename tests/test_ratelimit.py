@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from scrapy.http import Headers
 
 from scrapy_retryafter.board import CooldownBoard
-from scrapy_retryafter.ratelimit import QuotaWindows, RateLimitFacts, parse_ratelimit, parse_retry_after_ms
+from scrapy_retryafter.quota import QuotaWindows
+from scrapy_retryafter.ratelimit import RateLimitFacts, parse_ratelimit, parse_retry_after_ms
 from scrapy_retryafter.testing.clock import FakeClock
 
 NOW = 1_800_000_000.0  # an epoch in 2027
@@ -132,25 +133,6 @@ def test_an_epoch_reset_is_kept_as_the_epoch_a_delta_is_not():
     assert facts(X_RateLimit_Limit="20", X_RateLimit_Reset_After="0.75").reset_at is None
 
 
-def test_the_window_is_how_far_the_reset_epoch_moves_on():
-    windows = QuotaWindows()
-    assert windows.window("a", NOW + 1) is None  # one window seen: its length is unknown
-    assert windows.window("a", NOW + 1) is None  # same window, any number of responses
-    assert windows.window("a", NOW + 2) == 1.0
-    assert windows.window("a", NOW + 2) == 1.0
-    assert windows.window("a", NOW + 1) == 1.0  # a late response of an older window changes nothing
-    assert windows.window("a", NOW + 5) == 3.0  # idle over two windows: slower for one window, never faster
-    assert windows.window("a", NOW + 6) == 1.0
-    assert windows.window("b", NOW + 60) is None  # per slot
-
-
-def test_quota_windows_stay_bounded_over_a_broad_crawl():
-    windows = QuotaWindows(most=100)
-    for i in range(1000):
-        windows.window(f"host{i}", NOW)
-    assert len(windows._seen) <= 100
-
-
 WEEK = 7 * 86400.0
 
 
@@ -228,8 +210,8 @@ def test_retry_after_ms_is_bounded():
 
 def test_a_window_learned_from_far_apart_resets_is_at_most_a_week():
     windows = QuotaWindows()
-    windows.window("a", NOW - 30 * 86400)
-    assert windows.window("a", NOW + 86400) == WEEK
+    windows.window("a", NOW - 30 * 86400, NOW)
+    assert windows.window("a", NOW + 86400, NOW) == WEEK
 
 
 _NAMES = [
@@ -273,5 +255,5 @@ def test_any_headers_give_bounded_facts(headers, now):
     windows = QuotaWindows()
     if got.reset_at is not None:
         for shift in (-(10**7), 0, 10**7):
-            window = windows.window("s", got.reset_at + shift)
+            window = windows.window("s", got.reset_at + shift, now)
             assert window is None or 0 < window <= WEEK
