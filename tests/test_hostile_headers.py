@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from email.utils import format_datetime
 from typing import Any
@@ -37,7 +38,12 @@ class Crawl:
     def __init__(self, park_file: str) -> None:
         self.crawler = get_crawler(
             Spider,
-            {"ADDONS": {"scrapy_retryafter.Addon": 500}, "RETRY_AFTER_PARK_FILE": park_file, "LOG_LEVEL": "ERROR"},
+            {
+                "ADDONS": {"scrapy_retryafter.Addon": 500},
+                "RETRY_AFTER_PARK_FILE": park_file,
+                "LOG_LEVEL": "ERROR",
+                "RETRY_AFTER_LOGSTATS_INTERVAL": 0,  # no live view left looping into later tests
+            },
         )
         self.crawler.spider = self.crawler._create_spider("hostile")
         self.crawler.engine = self.crawler._create_engine()
@@ -93,8 +99,10 @@ class Crawl:
 
 
 @pytest.fixture(scope="module")
-def crawl(tmp_path_factory: pytest.TempPathFactory) -> Crawl:
-    return Crawl(str(tmp_path_factory.mktemp("hostile") / "parked.jsonl"))
+def crawl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Crawl]:
+    made = Crawl(str(tmp_path_factory.mktemp("hostile") / "parked.jsonl"))
+    yield made
+    made.crawler.signals.send_catch_log(signals.spider_closed, spider=made.crawler.spider, reason="finished")
 
 
 # --------------------------------------------------------------------------
