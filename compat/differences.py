@@ -88,7 +88,15 @@ INTENDED: list[Difference] = [
 # (tests/test_retry_modes.py::test_our_retry_middleware_works_on_a_crawler_that_is_not_crawling,
 # tests/test_redis_queue.py::test_a_queue_built_from_a_bare_spider_is_a_plain_priority_queue).
 
+_CLOSE_COROUTINE_DROPPED = (
+    "Parking's spider_closed handler (parking.py _spider_closed) returns a coroutine (Parking._closing) for the "
+    "engine to await; the test sends spider_closed with the synchronous send_catch_log, which drops it unawaited, "
+    "and pytest turns the 'coroutine ... was never awaited' unraisable warning into a failure. A Deferred instead "
+    "is deprecated by Scrapy 2.19 (a ScrapyDeprecationWarning at every close), so the coroutine stays"
+)
+
 INCOMPATIBLE: list[Difference] = [
+    Difference((S219,), "tests/test_spider_crawl.py::TestCrawlSpider::test_closed_signal_call", _CLOSE_COROUTINE_DROPPED),
 ]
 
 HARNESS: list[HarnessChange] = [

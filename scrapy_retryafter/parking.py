@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
 from scrapy.exceptions import DontCloseSpider, IgnoreRequest
-from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.project import data_path
 from scrapy.utils.request import request_from_dict
 
@@ -489,9 +488,9 @@ class Parking:
 
     def _spider_closed(self, **kwargs: Any) -> Any:
         """Park what is held now (other close handlers run right after, expecting it done);
-        the file's last work runs in the worker, and the returned Deferred waits for it
-        (a Deferred already running, not a coroutine: a handler called through a
-        synchronous send_catch_log would drop a coroutine unawaited)."""
+        the file's last work runs in the worker, and the returned coroutine waits for it
+        (Scrapy 2.19 deprecates a Deferred here; a synchronous send_catch_log drops it
+        unawaited, listed in compat/differences.py)."""
         self._closed = True
         if self._flusher is not None and self._flusher.running:
             self._flusher.stop()
@@ -507,7 +506,7 @@ class Parking:
         done, self._done = self._done, set()
         future = self._worker.submit(self._close_file, done, set(self._reparked))
         self._worker.shutdown(wait=False)
-        return deferred_from_coro(self._closing(future))
+        return self._closing(future)
 
     async def _closing(self, future: concurrent.futures.Future[Any]) -> None:
         try:
