@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from scrapy_retryafter.redis.exchange import Job, RedisExchange
-from scrapy_retryafter.settings import RedisConfig
+from scrapy_retryafter.redisconfig import RedisConfig
 from scrapy_retryafter.testing.redis_server import RedisServer
 
 

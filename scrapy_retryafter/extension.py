@@ -26,7 +26,8 @@ from .holding import DownloaderHold, GiveUp
 from .jobstate import STATE_FILE, load_board, save_board
 from .parking import Parking
 from .retry_reporting import check_give_up_log_level
-from .settings import Config, load_config, warn_unknown_settings, warn_unused_slot_keys
+from .settings import Config, load_config
+from .settingsguard import warn_unknown_settings, warn_unused_slot_keys
 from .tally import SlotTally
 from .timers import call_from_thread, call_later, looping_call
 

@@ -12,7 +12,7 @@ from scrapy_retryafter.breaker import CLOSED, OPEN
 from scrapy_retryafter.rate import MARGIN
 from scrapy_retryafter.redis.board import RedisBoard, RedisBoardUnavailable
 from scrapy_retryafter.redis.exchange import slot_key
-from scrapy_retryafter.settings import RedisConfig
+from scrapy_retryafter.redisconfig import RedisConfig
 
 from .redis_fixtures import free_port, own_redis, prefix, redis_server, require_redis  # noqa: F401
 

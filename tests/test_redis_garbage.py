@@ -13,7 +13,7 @@ from scrapy import Request
 from scrapy_retryafter.policy import SlotPolicy
 from scrapy_retryafter.redis.board import RedisBoard
 from scrapy_retryafter.redis.exchange import Job, RedisExchange, slot_key
-from scrapy_retryafter.settings import RedisConfig
+from scrapy_retryafter.redisconfig import RedisConfig
 
 from .conftest import ADDON, crawl
 from .redis_fixtures import own_redis, prefix, redis_server, require_redis  # noqa: F401

@@ -6,7 +6,7 @@ import pytest
 
 from scrapy_retryafter.redis.board import RedisBoard
 from scrapy_retryafter.redis.exchange import slot_key
-from scrapy_retryafter.settings import RedisConfig
+from scrapy_retryafter.redisconfig import RedisConfig
 
 from .redis_fixtures import prefix, redis_server  # noqa: F401
 

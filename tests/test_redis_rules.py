@@ -14,7 +14,7 @@ from scrapy_retryafter.breaker import CLOSED, OPEN
 from scrapy_retryafter.policy import SlotPolicy
 from scrapy_retryafter.redis.board import RedisBoard
 from scrapy_retryafter.redis.exchange import Answer, Job, Reply, read_reply
-from scrapy_retryafter.settings import RedisConfig
+from scrapy_retryafter.redisconfig import RedisConfig
 
 SLOT = "shop.example"
 

@@ -10,7 +10,8 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_retryafter.extension import RetryAfterExtension
 from scrapy_retryafter.redis.board import RedisBoard, RedisBoardUnavailable
-from scrapy_retryafter.settings import RedisConfig, RetryAfterSettingError, load_config
+from scrapy_retryafter.redisconfig import RedisConfig
+from scrapy_retryafter.settings import RetryAfterSettingError, load_config
 
 from .redis_fixtures import RedisServer, free_port, require_redis
 

@@ -19,13 +19,8 @@ import pytest
 import pytest_twisted
 from scrapy import Request
 
-from scrapy_retryafter.settings import (
-    KNOWN_SETTINGS,
-    RetryAfterSettingError,
-    load_config,
-    unknown_settings,
-    unused_slot_keys,
-)
+from scrapy_retryafter.settings import KNOWN_SETTINGS, RetryAfterSettingError, load_config
+from scrapy_retryafter.settingsguard import unknown_settings, unused_slot_keys
 from scrapy_retryafter.testing.server import HostConfig
 
 from .conftest import ADDON, crawl

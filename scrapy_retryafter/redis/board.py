@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from ..board import Random
 from ..breaker import CLOSED
 from ..policy import SlotPolicy
-from ..settings import RedisConfig
+from ..redisconfig import RedisConfig
 from .exchange import Answer, Job, RedisBoardUnavailable, RedisExchange, Writes
 from .leases import LEASE_AHEAD
 from .rules import FleetRules

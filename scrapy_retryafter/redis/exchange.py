@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..settings import RedisConfig
+from ..redisconfig import RedisConfig
 from .outage import BACKOFF_MAX, Outage
 from .script import EXCHANGE, MAX_RATE, PAGE
 
