@@ -25,99 +25,44 @@ that request, as it would replace the default scope there.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import logging
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 from urllib.parse import urlsplit
 
+from .scopekeys import (
+    MAX_SCOPES,
+    MAX_VALUE_CHARS,
+    digest,
+    kind_key,
+    plain_key,
+    proxy_part,
+    registrable_domain,
+)
+
 __all__ = [
     "KINDS",
-    "MAX_KEY_LENGTH",
     "SCOPES_META",
     "RequestFacts",
     "ScopeConfig",
     "ScopeRule",
     "ScopeSettingError",
-    "combination_key",
     "facts_of",
     "load_scope_config",
     "parse_scopes",
-    "plain_key",
-    "registrable_domain",
     "scopes_of",
 ]
 
 logger = logging.getLogger(__name__)
 
-MAX_KEY_LENGTH = 120
-"""Longest scope key; a longer one keeps a readable start and ends in a hash."""
-_MAX_COMBINATION_LENGTH = 200
-"""A queue partition's name (one directory under JOBDIR); below the 255 bytes file systems allow."""
-_HASH_CHARS = 12
-_MAX_SCOPES = 8
-"""Most scopes one request may belong to (a user callable returning 10,000 ids is a bug)."""
-_MAX_VALUE_CHARS = 8192
-"""Header and meta values are hashed from at most this many characters."""
-
 KINDS = ("slot", "proxy", "domain", "path", "header", "meta", "callable")
 SETTING = "RETRY_AFTER_SCOPES"
 
-_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@~=-]*")
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-_BODY = re.compile(r"[A-Za-z0-9._@~-]+")
-_UNSAFE_BODY = re.compile(r"[^A-Za-z0-9._@~-]+")
-
-
 class ScopeSettingError(ValueError):
     """RETRY_AFTER_SCOPES (or a slot's ``scopes``) has a value the package cannot use."""
-
-
-def _digest(*parts: str) -> str:
-    data = "\0".join(parts).encode("utf-8", "surrogatepass")
-    return hashlib.sha256(b"retry-after-scope\0" + data).hexdigest()[:_HASH_CHARS]
-
-
-def plain_key(text: str, limit: int = MAX_KEY_LENGTH) -> str:
-    """``text`` itself when it is a safe file name within ``limit`` (so a key
-    stays itself), else a safe readable start plus ``~`` and a hash of the whole."""
-    if len(text) <= limit and _PLAIN.fullmatch(text) and text not in (".", ".."):
-        return text
-    readable = _UNSAFE.sub("_", text).strip("._-")[: limit - _HASH_CHARS - 1] or "x"
-    return f"{readable}~{_digest(text)}"
-
-
-def _kind_key(kind: str, readable: str, identity: str | None = None) -> str:
-    """``kind=readable``, hashed as a whole when it is not plain or too long.
-
-    ``identity`` (the exact thing keyed) is hashed in whenever it differs from
-    the readable text, so two values that read the same stay apart.
-    """
-    body = _UNSAFE_BODY.sub("_", readable)
-    text = f"{kind}={body}"
-    exact = identity is None or identity == readable
-    if exact and body == readable and len(text) <= MAX_KEY_LENGTH and _BODY.fullmatch(body):
-        return text
-    room = MAX_KEY_LENGTH - len(kind) - 1 - _HASH_CHARS - 1
-    return f"{kind}={body[:room]}~{_digest(kind, readable if identity is None else identity)}"
-
-
-def combination_key(keys: Sequence[str]) -> str:
-    """One name for a set of scope keys: the scheduler queue's partition (a JOBDIR directory).
-
-    The keys are sorted so one combination has one name whatever the order.
-    """
-    ordered = sorted(set(keys))
-    if len(ordered) == 1:
-        return ordered[0]
-    joined = "+".join(ordered)
-    if len(joined) <= _MAX_COMBINATION_LENGTH:
-        return joined
-    return f"{joined[: _MAX_COMBINATION_LENGTH - _HASH_CHARS - 1]}~{_digest(joined)}"
 
 
 @dataclass(frozen=True)
@@ -171,24 +116,24 @@ class ScopeRule:
             return [plain_key(facts.slot)]
         host = facts.host
         if kind == "proxy":
-            return [_kind_key("proxy", f"{_proxy_part(facts.proxy)}@{host}", None)]
+            return [kind_key("proxy", f"{proxy_part(facts.proxy)}@{host}", None)]
         if kind == "domain":
             domain = registrable_domain(host) if host else ""
-            return [_kind_key("domain", domain)] if domain else [plain_key(facts.slot)]
+            return [kind_key("domain", domain)] if domain else [plain_key(facts.slot)]
         if kind == "path":
             prefix = self._prefix(host, facts.path)
-            return [] if prefix is None else [_kind_key("path", f"{host}{prefix}")]
+            return [] if prefix is None else [kind_key("path", f"{host}{prefix}")]
         if kind == "header":
             value = facts.headers.get(self.header)
             if value is None or value == "":
                 return []
-            value = value[:_MAX_VALUE_CHARS]
-            return [_kind_key("header", f"{host}@{self.header}", f"{host}\0{self.header}\0{value}")]
+            value = value[:MAX_VALUE_CHARS]
+            return [kind_key("header", f"{host}@{self.header}", f"{host}\0{self.header}\0{value}")]
         if kind == "meta":
             if self.header not in facts.meta or facts.meta[self.header] is None:
                 return []
-            value = repr(facts.meta[self.header])[:_MAX_VALUE_CHARS]
-            return [_kind_key("meta", f"{host}@{self.header}", f"{host}\0{self.header}\0{value}")]
+            value = repr(facts.meta[self.header])[:MAX_VALUE_CHARS]
+            return [kind_key("meta", f"{host}@{self.header}", f"{host}\0{self.header}\0{value}")]
         assert kind == "callable" and self.function is not None
         return [plain_key(scope) for scope in _scope_ids(self.function(facts), self.name)]
 
@@ -197,29 +142,6 @@ class ScopeRule:
             if path == prefix or path.startswith(prefix if prefix.endswith("/") else prefix + "/"):
                 return prefix
         return None
-
-
-def _proxy_part(proxy: Any) -> str:
-    """``host_port`` of the proxy (plus a hash of its user name, which picks the
-    exit on session-rotating proxies), ``direct`` without one. Never the password."""
-    if not isinstance(proxy, str) or not proxy.strip():
-        return "direct"
-    text = proxy.strip()
-    if "://" not in text:
-        text = "http://" + text
-    try:
-        parts = urlsplit(text)
-        host = (parts.hostname or "").lower()
-        port = parts.port
-        user = parts.username
-    except ValueError:
-        return "proxy~" + _digest("proxy", text.rpartition("@")[2])
-    if not host:
-        return "proxy~" + _digest("proxy", text.rpartition("@")[2])
-    part = f"{host}_{port}" if port else host
-    if user:
-        part += "~u" + _digest("proxy-user", user)[:8]
-    return part
 
 
 def _scope_ids(value: Any, where: str) -> list[str]:
@@ -239,29 +161,6 @@ def _scope_ids(value: Any, where: str) -> list[str]:
     return ids
 
 
-_extract: Callable[[str], Any] | None = None
-
-
-def _extractor() -> Callable[[str], Any]:
-    """tldextract with its bundled suffix list only: no download, no cache written."""
-    global _extract
-    if _extract is None:
-        import tldextract
-
-        _extract = tldextract.TLDExtract(cache_dir=None, suffix_list_urls=())
-    return _extract
-
-
-@lru_cache(maxsize=4096)
-def registrable_domain(host: str) -> str:
-    """``shop.example.co.uk`` -> ``example.co.uk``; an IP address or a bare name stays itself."""
-    host = host.strip().lower().rstrip(".")
-    if not host:
-        return ""
-    result = _extractor()(host)
-    if result.domain and result.suffix:
-        return f"{result.domain}.{result.suffix}"
-    return host
 
 
 @dataclass(frozen=True)
@@ -281,7 +180,7 @@ class ScopeConfig:
     @property
     def fingerprint(self) -> str:
         """Changes when the configuration does: scopes a request kept from another configuration are stale."""
-        return _digest(repr((self.default, sorted(self.slots.items()))))[:8]
+        return digest(repr((self.default, sorted(self.slots.items()))))[:8]
 
     def rules_for(self, slot: str) -> tuple[ScopeRule, ...]:
         return self.slots.get(slot, self.default)
@@ -309,9 +208,9 @@ class ScopeConfig:
         if not keys:
             return (plain_key(facts.slot),)
         unique = tuple(dict.fromkeys(keys))
-        if len(unique) > _MAX_SCOPES:
-            _warn_once("too-many", f"A request belongs to {len(unique)} scopes; only the first {_MAX_SCOPES} are kept")
-            unique = unique[:_MAX_SCOPES]
+        if len(unique) > MAX_SCOPES:
+            _warn_once("too-many", f"A request belongs to {len(unique)} scopes; only the first {MAX_SCOPES} are kept")
+            unique = unique[:MAX_SCOPES]
         return unique
 
 
@@ -452,7 +351,7 @@ def facts_of(request: Any, slot: str, config: ScopeConfig) -> RequestFacts:
         value = request.headers.get(name)
         if value is not None:
             text = value.decode("latin-1") if isinstance(value, bytes) else str(value)
-            headers[name] = text[:_MAX_VALUE_CHARS]
+            headers[name] = text[:MAX_VALUE_CHARS]
     return RequestFacts(
         slot=slot, url=request.url, proxy=request.meta.get("proxy"), headers=headers, meta=request.meta, request=request
     )
@@ -471,7 +370,7 @@ def scopes_of(request: Any, slot: str, config: ScopeConfig) -> tuple[str, ...]:
     stamp = config.fingerprint
     if (
         isinstance(kept, (list, tuple))
-        and 3 <= len(kept) <= _MAX_SCOPES + 2
+        and 3 <= len(kept) <= MAX_SCOPES + 2
         and kept[0] == stamp
         and kept[1] == request.url
         and all(isinstance(key, str) and key for key in kept[2:])

@@ -11,17 +11,14 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from scrapy_retryafter import scopes
+from scrapy_retryafter import scopekeys, scopes
+from scrapy_retryafter.scopekeys import MAX_KEY_LENGTH, combination_key, digest, plain_key, registrable_domain
 from scrapy_retryafter.scopes import (
-    MAX_KEY_LENGTH,
     RequestFacts,
     ScopeConfig,
     ScopeSettingError,
-    combination_key,
     load_scope_config,
     parse_scopes,
-    plain_key,
-    registrable_domain,
 )
 
 SAFE_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@~=-]*")
@@ -49,7 +46,7 @@ def broken(facts: RequestFacts) -> list[str]:
         (None, {}, ("api.example.com",)),
         (["slot"], {"slot": "custom-slot"}, ("custom-slot",)),
         # A slot key that is not a plain file name keeps a readable start and a hash.
-        (["slot"], {"slot": "a/b c"}, ("a_b_c~" + scopes._digest("a/b c"),)),
+        (["slot"], {"slot": "a/b c"}, ("a_b_c~" + digest("a/b c"),)),
         # One exit IP and one host: credentials never reach the key, the user picks the exit.
         (["proxy"], {"proxy": "http://10.0.0.1:3128"}, ("proxy=10.0.0.1_3128@api.example.com",)),
         (["proxy"], {"proxy": "10.0.0.1:3128"}, ("proxy=10.0.0.1_3128@api.example.com",)),
@@ -58,13 +55,13 @@ def broken(facts: RequestFacts) -> list[str]:
         (["domain"], {"url": "http://127.0.0.2:8080/x", "slot": "127.0.0.2"}, ("domain=127.0.0.2",)),
         # A path rule applies to its host's prefix only; the rest falls back to the slot.
         ([{"path": {"api.example.com": ["/search"]}}], {"url": "https://api.example.com/search?q=1"},
-         ("path=api.example.com_search~" + scopes._digest("path", "api.example.com/search"),)),
+         ("path=api.example.com_search~" + digest("path", "api.example.com/search"),)),
         ([{"path": {"api.example.com": ["/search"]}}], {"url": "https://api.example.com/searchable"},
          ("api.example.com",)),
         ([{"path": {"other.example.com": ["/search"]}}], {"url": "https://api.example.com/search"},
          ("api.example.com",)),
         (["slot", "path:/search"], {"url": "https://api.example.com/search/deep"},
-         ("api.example.com", "path=api.example.com_search~" + scopes._digest("path", "api.example.com/search"))),
+         ("api.example.com", "path=api.example.com_search~" + digest("path", "api.example.com/search"))),
         # Without the header the header scope does not apply.
         (["header:X-Api-Key"], {}, ("api.example.com",)),
         # A callable's ids are used as they are (Scrapy's flat scope id namespace).
@@ -124,7 +121,7 @@ def test_longest_path_prefix_wins() -> None:
     search = keys(setting, url="https://api.example.com/v1/search/x")
     other = keys(setting, url="https://api.example.com/v1/items")
     assert search != other
-    assert search == ("path=api.example.com_v1_search~" + scopes._digest("path", "api.example.com/v1/search"),)
+    assert search == ("path=api.example.com_v1_search~" + digest("path", "api.example.com/v1/search"),)
 
 
 def test_a_failing_callable_falls_back_to_the_slot_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
@@ -160,7 +157,7 @@ def test_a_request_belongs_to_at_most_eight_scopes() -> None:
         ([{"path": {"api.example.com": ["/"]}}], "not '/' alone"),
         ([{"path": {}}], "a path scope needs"),
         ([{"callable": "no_such_module_xyz.f"}], "cannot import"),
-        ([{"callable": "scrapy_retryafter.scopes.MAX_KEY_LENGTH"}], "is not callable"),
+        ([{"callable": "scrapy_retryafter.scopekeys.MAX_KEY_LENGTH"}], "is not callable"),
         ([{"callable": "nodots"}], "is not an import path"),
         ([{"proxy": True}], "cannot read the entry"),
         (42, "not a list"),
@@ -201,7 +198,7 @@ def test_the_registrable_domain_comes_from_the_bundled_list_without_network_or_c
     monkeypatch.setattr(socket.socket, "connect", no_network)
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(scopes, "_extract", None)
+    monkeypatch.setattr(scopekeys, "_extract", None)
     registrable_domain.cache_clear()
     assert registrable_domain("a.b.example.co.uk") == "example.co.uk"
     assert registrable_domain("WWW.Example.COM.") == "example.com"
@@ -281,7 +278,7 @@ def test_a_request_s_scopes_are_kept_in_its_meta_until_its_url_or_the_configurat
     request = Request("https://api.example.com/a", headers={"X-Api-Key": "k1"}, meta={"proxy": "http://127.0.0.11:8001"})
     first = scopes_of(request, "api.example.com", config)
     assert first == (
-        "header=api.example.com@x-api-key~" + scopes._digest("header", "api.example.com\0x-api-key\0k1"),
+        "header=api.example.com@x-api-key~" + digest("header", "api.example.com\0x-api-key\0k1"),
         "proxy=127.0.0.11_8001@api.example.com",
     )
     # A downloader middleware changing the header later does not move the request to other state.
