@@ -12,14 +12,13 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .breaker import CLOSED, Breaker
-from .failures import ConsecutiveFailures
-from .quota import QuotaWindows
 from .rate import Meter, RateController
-from .slot_state import Random, SlotState, next_release, restored_state, saved_state
+from .slot_state import Random, SlotState, next_release
+from .slottable import SlotTable
 
 __all__ = ["CooldownBoard", "Random", "SlotState", "Throttle", "next_release"]
 
@@ -41,8 +40,11 @@ class Throttle:
     """Seconds the cooldown grew by."""
 
 
-class CooldownBoard:
-    """Per-slot cooldowns: the largest wait wins; a success never clears one."""
+class CooldownBoard(SlotTable):
+    """Per-slot cooldowns: the largest wait wins; a success never clears one.
+
+    The per-slot maps, sweeping and snapshots are SlotTable's (slottable.py).
+    """
 
     def __init__(
         self,
@@ -50,27 +52,8 @@ class CooldownBoard:
         rng: Random = random,
         pace_memory: float = 600.0,
     ) -> None:
-        self.clock = clock
+        super().__init__(clock, pace_memory)
         self.rng = rng
-        self.pace_memory = pace_memory
-        """Seconds a learned rate outlives the slot's last request."""
-        self._slots: dict[str, SlotState] = {}
-        self.holds: Callable[[str], bool] = self._slots.__contains__
-        """``slot in board`` without a Python call: the queue asks it per slot per pop."""
-        self._meters: dict[str, Meter] = {}
-        self.streaks = ConsecutiveFailures()
-        """Connection failures in a row per slot (host-down rule), pruned in ``sweep``."""
-        self.quota_windows = QuotaWindows()
-        """Windows learnt from successive quota resets, pruned in ``sweep``."""
-
-    def __len__(self) -> int:
-        return len(self._slots)
-
-    def __contains__(self, slot: str) -> bool:
-        return slot in self._slots
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(list(self._slots))
 
     def cool(self, slot: str, seconds: float, wake_jitter: float = 0.0) -> float:
         """Hold ``slot`` for ``seconds`` from now; return how much later it now reopens."""
@@ -115,14 +98,6 @@ class CooldownBoard:
         if refuse:
             self.refuse(slot, refuse)
         return Throttle(before, after, opened, added)
-
-    def connection_failed(self, slot: str) -> int:
-        """Count a failed connection to ``slot``; return how many in a row."""
-        return self.streaks.failed(slot, self.clock())
-
-    def quota_window(self, slot: str, reset_at: float) -> float | None:
-        """The window of ``slot``'s quota, learnt from how far its reset epoch moves on."""
-        return self.quota_windows.window(slot, reset_at, self.clock())
 
     def refuse(self, slot: str, seconds: float) -> None:
         """Give up the slot's requests unsent for ``seconds`` (over-cap Retry-After)."""
@@ -306,67 +281,3 @@ class CooldownBoard:
     def rate(self, slot: str) -> float | None:
         state = self._slots.get(slot)
         return state.pace.rate if state is not None and state.pace is not None else None
-
-    def _done(self, state: SlotState, now: float) -> bool:
-        if now < state.wake_end or now < state.refuse_until or now < state.cooldown_until:
-            return False
-        if state.breaker is not None and state.breaker.state != CLOSED:
-            return False
-        # A spent budget, a learned pace and a throttle streak are remembered alike.
-        if state.tokens >= 0 or (state.breaker is not None and state.breaker.consecutive):
-            return now - state.last_seen > self.pace_memory
-        return state.pace is None or now - state.last_seen > self.pace_memory
-
-    def _forget_if_done(self, slot: str, state: SlotState, now: float) -> None:
-        if self._done(state, now):
-            del self._slots[slot]
-            self.forgot(slot)
-
-    def forgot(self, slot: str) -> None:
-        """Called once a slot's state is dropped: whoever keeps anything per slot
-        beside the board (a fleet backend, a tally) drops it here, so nothing per
-        slot outlives the board's own memory of it."""
-
-    def kept(self) -> dict[str, int]:
-        """How many slots each per-slot map of the board holds (memory checks, the bench)."""
-        return {
-            "slots": len(self._slots),
-            "meters": len(self._meters),
-            "streaks": len(self.streaks),
-            "quota_windows": len(self.quota_windows),
-        }
-
-    def kept_slots(self) -> set[str]:
-        """Every slot anything on the board is kept for."""
-        return {*self._slots, *self._meters, *self.streaks, *self.quota_windows}
-
-    def sweep(self) -> int:
-        """Drop every slot with nothing left to remember; return how many."""
-        now = self.clock()
-        done = [slot for slot, state in self._slots.items() if self._done(state, now)]
-        for slot in done:
-            del self._slots[slot]
-            self.forgot(slot)
-        idle = [slot for slot, meter in self._meters.items() if meter.idle(now, 10.0)]
-        for slot in idle:
-            del self._meters[slot]
-        self.streaks.prune(now - self.pace_memory)
-        self.quota_windows.prune(now - self.pace_memory)
-        return len(done)
-
-    def snapshot(self) -> dict[str, dict[str, float | str]]:
-        """What a paused crawl must not forget, per slot, in seconds from now.
-
-        A resumed crawl (JOBDIR) restores it, so it does not hit a host that
-        is still cooling or whose circuit is still open.
-        """
-        now = self.clock()
-        saved = {slot: saved_state(state, now) for slot, state in self._slots.items()}
-        return {slot: entry for slot, entry in saved.items() if entry}
-
-    def restore(self, saved: dict[str, dict[str, float | str]], elapsed: float = 0.0) -> int:
-        """Load a snapshot taken ``elapsed`` seconds ago; return how many slots it restored."""
-        now = self.clock()
-        for slot, entry in saved.items():
-            self._slots[slot] = restored_state(self._slots.get(slot) or SlotState(), entry, now, elapsed)
-        return len(saved)

@@ -10,7 +10,9 @@ crawl with 100,000 hosts in the scheduler pays per request. Here a slot that
 may not send waits in a heap keyed by the time it may, and the slots that may
 send sit in heaps keyed by name: the choice only looks at the few slots with
 downloads in flight (at most CONCURRENT_REQUESTS of them), so a pop costs
-O(log slots).
+O(log slots). That choice is SlotChoice's (slotchoice.py, pure); this module
+is the Scrapy shell around it: the per-slot queues, retries waiting out their
+backoff, and the spare queues of emptied slots.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import itertools
 import pickle
 import time
 from contextlib import suppress
-from heapq import heapify, heappop, heappush
+from heapq import heappop, heappush
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +39,7 @@ from .scrapy_compat import (
     slot_load,
 )
 from .signals import circuit_closed, circuit_opened
+from .slotchoice import SlotChoice
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -44,12 +47,9 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
 
-    from .board import CooldownBoard
 
 __all__ = ["CooldownAwarePriorityQueue"]
 
-_FEW = 24
-"""Up to this many slots that may send, looking at each costs less than keeping heaps."""
 _SPARES = 32
 """Emptied in-memory slot queues kept for the slot's next push."""
 
@@ -87,19 +87,23 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         """Slot -> its emptied queue (memory queues only). A slot whose requests come one at a
         time empties at every pop; building its queue anew per request costs more than the pop."""
         set_last_selected(self, None)
-        # Every slot in pqueues is in exactly one of: _ahead (may send, name
-        # after the last chosen), _behind (may send, name up to it), _due.
         for slot, queue in list(self.pqueues.items()):
             if not len(queue):
                 queue.close()
                 del self.pqueues[slot]
-        self._ahead: list[str] = list(self.pqueues)
-        self._behind: list[str] = []
-        self._heaped = False
-        """False while few slots may send: then _ahead lists them all, in no order."""
-        self._cooling: list[tuple[float, str]] = []
-        self._due: dict[str, float] = {}
-        """Slot -> when it may send; a _cooling entry that disagrees is stale."""
+        self._choice = SlotChoice(
+            self._board,
+            self.pqueues,
+            queued=self.pqueues,
+            downloader_slots=self._downloader_slots,
+            load=slot_load,
+            round_robin=ROUND_ROBIN,
+            last_selected=lambda: last_selected(self),
+            set_last_selected=lambda slot: set_last_selected(self, slot),
+            next_slot=lambda stats, update_state: next_slot(self, stats, update_state=update_state),
+            wake_at=self._extension.wake_at,
+        )
+        """Which slot may send next: every slot in pqueues is listed there or held until a time."""
         crawler.signals.connect(self.look_again, signal=circuit_closed)
         # A probe answered with a throttle reopens the circuit for less than the probe's timeout.
         crawler.signals.connect(self.look_again, signal=circuit_opened)
@@ -113,207 +117,9 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         queue = self.pqueues.get(slot)
         return len(queue) if queue is not None else 0
 
-    def _list(self, slot: str) -> None:
-        if not self._heaped:
-            if len(self._ahead) < _FEW:
-                self._ahead.append(slot)
-                return
-            self._split(self._ahead)  # once per growth past _FEW, not per pop
-        last = last_selected(self)
-        if ROUND_ROBIN and last is not None and slot <= last:
-            heappush(self._behind, slot)
-        else:
-            heappush(self._ahead, slot)
-
-    def _hold(self, slot: str, when: float) -> None:
-        self._due[slot] = when
-        heappush(self._cooling, (when, slot))
-
     def look_again(self, slot: str, **kwargs: Any) -> None:
         """The time the slot was held for changed (a circuit closed or opened again, the pace rose)."""
-        if self._due.pop(slot, None) is not None:
-            self._list(slot)
-
-    def _release_due(self, now: float) -> None:
-        cooling = self._cooling
-        due = self._due
-        while cooling and cooling[0][0] <= now:
-            when, slot = heappop(cooling)
-            if due.get(slot) == when:
-                del due[slot]
-                self._list(slot)
-
-    def _scan(self, heap: list[str], now: float, busy: list[tuple[int, str, bool]]) -> str | None:
-        """The first slot of ``heap`` that may send and has nothing in flight.
-
-        It stays at the head; slots with downloads in flight move to ``busy``
-        as (active, slot, full) and slots that may not send to the cooling heap.
-        """
-        board = self._board
-        holds = board.holds
-        downloader_slots = self._downloader_slots
-        while heap:
-            slot = heap[0]
-            if holds(slot):
-                when = board.ready_at(slot, len(self.pqueues[slot]))
-                if when > now:
-                    heappop(heap)
-                    self._hold(slot, when)
-                    continue
-            downloader_slot = downloader_slots.get(slot)
-            if downloader_slot is None:
-                return slot
-            in_flight, concurrency = slot_load(downloader_slot)
-            if not in_flight:
-                return slot
-            heappop(heap)
-            active = len(in_flight)
-            busy.append((active, slot, active >= concurrency))
-        return None
-
-    def _select(self, *, update_state: bool) -> str | None:
-        """DownloaderAwarePriorityQueue's choice among the slots that may send now.
-
-        The least busy slot wins, ties going to the next name after the last
-        chosen (Scrapy 2.19) or the smallest name (2.13). A slot with nothing
-        in flight is the least busy, and finding the first one in name order
-        only steps over the slots with downloads in flight.
-        """
-        board = self._board
-        if len(self._ahead) + len(self._behind) <= _FEW and not self._cooling:
-            return self._select_among_few(board, update_state=update_state)
-        now = board.clock()
-        if self._cooling and self._cooling[0][0] <= now:
-            self._release_due(now)
-        if len(self._ahead) + len(self._behind) <= _FEW:
-            return self._select_among_few(board, update_state=update_state)
-        if not self._heaped:
-            self._split(self._ahead + self._behind)
-        ahead, behind = self._ahead, self._behind
-        busy_ahead: list[tuple[int, str, bool]] = []
-        busy_behind: list[tuple[int, str, bool]] = []
-        slot = self._scan(ahead, now, busy_ahead)
-        if slot is not None:
-            if update_state:
-                heappop(ahead)
-                if ROUND_ROBIN:
-                    set_last_selected(self, slot)
-                    self._relist(busy_ahead, behind)  # stepped over: now before the last chosen
-                    return slot
-            self._relist(busy_ahead, ahead)
-            return slot
-        if ROUND_ROBIN:
-            slot = self._scan(behind, now, busy_behind)
-            if slot is not None:
-                if update_state:
-                    heappop(behind)
-                    set_last_selected(self, slot)
-                    # Wrapped around: what is left after it comes next.
-                    self._ahead, self._behind = behind, ahead
-                    ahead, behind = behind, ahead
-                self._relist(busy_ahead, ahead)
-                self._relist(busy_behind, behind)
-                return slot
-        busy = busy_ahead + busy_behind
-        stats = [(active, name) for active, name, full in busy if not full]
-        if not stats:
-            self._relist(busy_ahead, ahead)
-            self._relist(busy_behind, behind)
-            self._wake_later()
-            return None
-        if ROUND_ROBIN:
-            slot = next_slot(self, stats, update_state=update_state)
-        else:
-            slot = min(stats)[1]
-        if not update_state:
-            self._relist(busy_ahead, ahead)
-            self._relist(busy_behind, behind)
-            return slot
-        rest = [entry for entry in busy if entry[1] != slot]
-        if ROUND_ROBIN:
-            self._relist([entry for entry in rest if entry[1] < slot], behind)
-            self._relist([entry for entry in rest if entry[1] > slot], ahead)
-        else:
-            self._relist(rest, ahead)
-        return slot
-
-    def _select_among_few(self, board: CooldownBoard, *, update_state: bool) -> str | None:
-        """The same choice by looking at every slot, which is cheaper than heaps for a few.
-
-        DownloaderAwarePriorityQueue's ``_next_slot`` is done in the same pass:
-        a second loop over a list of (active, slot) costs as much as the first.
-        """
-        holds = board.holds
-        downloader_slots = self._downloader_slots
-        listed = self._ahead + self._behind if self._heaped else self._ahead
-        last = last_selected(self) if ROUND_ROBIN else None
-        best: str | None = None
-        best_after: str | None = None
-        """The least busy slot with the smallest name, and with the smallest name after ``last``."""
-        least = 0
-        now: float | None = None
-        held = False
-        for slot in listed:
-            if holds(slot):
-                if now is None:
-                    now = board.clock()
-                when = board.ready_at(slot, len(self.pqueues[slot]))
-                if when > now:
-                    self._hold(slot, when)
-                    held = True
-                    continue
-            downloader_slot = downloader_slots.get(slot)
-            if downloader_slot is None:
-                active = 0
-            else:
-                in_flight, concurrency = slot_load(downloader_slot)
-                active = len(in_flight)
-                if active >= concurrency:
-                    continue
-            if best is None or active < least:
-                least, best = active, slot
-                best_after = slot if last is not None and slot > last else None
-            elif active == least:
-                if slot < best:
-                    best = slot
-                if last is not None and slot > last and (best_after is None or slot < best_after):
-                    best_after = slot
-        chosen = best_after if best_after is not None else best
-        if held:
-            listed = [slot for slot in listed if slot not in self._due]
-        if update_state and chosen is not None:
-            listed.remove(chosen)  # pop lists it again if it keeps requests
-            if ROUND_ROBIN:
-                set_last_selected(self, chosen)
-        self._ahead, self._behind, self._heaped = listed, [], False
-        if chosen is None:
-            self._wake_later()
-        return chosen
-
-    def _split(self, slots: list[str]) -> None:
-        """List ``slots`` anew, before or after the last chosen."""
-        last = last_selected(self)
-        if ROUND_ROBIN and last is not None:
-            self._ahead = [slot for slot in slots if slot > last]
-            self._behind = [slot for slot in slots if slot <= last]
-        else:
-            self._ahead, self._behind = slots, []
-        heapify(self._ahead)
-        heapify(self._behind)
-        self._heaped = True
-
-    @staticmethod
-    def _relist(entries: list[tuple[int, str, bool]], heap: list[str]) -> None:
-        for entry in entries:
-            heappush(heap, entry[1])
-
-    def _wake_later(self) -> None:
-        """Nothing may send now: have the engine ask again when the first held slot may."""
-        cooling, due = self._cooling, self._due
-        while cooling and due.get(cooling[0][1]) != cooling[0][0]:
-            heappop(cooling)
-        if cooling:
-            self._extension.wake_at(cooling[0][0])
+        self._choice.look_again(slot)
 
     def push(self, request: Request) -> None:
         if NOT_BEFORE in request.meta and self._wait(request):
@@ -335,7 +141,7 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
             queue.close()
             raise
         self.pqueues[slot] = queue
-        self._list(slot)
+        self._choice.add(slot)
 
     def _wait(self, request: Request) -> bool:
         """Hold a retry whose backoff has not ended yet; False when it may go now."""
@@ -368,7 +174,7 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
                 return request
 
     def _pop_ready(self) -> Request | None:
-        slot = self._select(update_state=True)
+        slot = self._choice.select(update_state=True)
         if slot is None:
             return None
         queue = self.pqueues[slot]
@@ -376,7 +182,7 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         if self._board.holds(slot):
             self._board.released(slot)
         if len(queue):
-            self._list(slot)
+            self._choice.add(slot)
             return request
         del self.pqueues[slot]
         if not self.key:
@@ -393,7 +199,7 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
     def peek(self) -> Request | None:
         if self._waiting:
             self._release_waiting()
-        slot = self._select(update_state=False)
+        slot = self._choice.select(update_state=False)
         if slot is None:
             return None
         return self.pqueues[slot].peek()
@@ -410,8 +216,7 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         # their not-before travels in meta and is honoured again on resume.
         while self._waiting:
             self._push_now(heappop(self._waiting)[2])
-        self._ahead, self._behind, self._cooling, self._heaped = [], [], [], False
-        self._due.clear()
+        self._choice.clear()
         for spare in self._spares.values():
             spare.close()
         self._spares.clear()

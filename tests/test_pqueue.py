@@ -18,7 +18,7 @@ from scrapy.pqueues import DownloaderAwarePriorityQueue
 from scrapy.squeues import FifoMemoryQueue
 from scrapy.utils.test import get_crawler
 
-from scrapy_retryafter import CooldownAwarePriorityQueue, pqueue
+from scrapy_retryafter import CooldownAwarePriorityQueue, pqueue, slotchoice
 from scrapy_retryafter import signals as ra_signals
 from scrapy_retryafter.board import CooldownBoard
 from scrapy_retryafter.extension import RetryAfterExtension
@@ -38,11 +38,11 @@ def crawler(tmp_path_factory: Any) -> Any:
     return crawler
 
 
-def make_queues(crawler: Any, clock: FakeClock | None = None) -> tuple[Any, Any]:
+def make_queues(crawler: Any, clock: FakeClock | None = None, board: Any = None) -> tuple[Any, Any]:
     crawler.engine.downloader.slots.clear()
     extension = RetryAfterExtension.of(crawler)
     extension._spider_closed()  # no wake-up left from the last queue
-    extension.board = CooldownBoard(clock=clock or FakeClock())
+    extension.board = board if board is not None else CooldownBoard(clock=clock or FakeClock())
     ours = CooldownAwarePriorityQueue.from_crawler(crawler, FifoMemoryQueue, "")
     theirs = DownloaderAwarePriorityQueue.from_crawler(crawler, FifoMemoryQueue, "")
     return ours, theirs
@@ -71,7 +71,7 @@ def url(request: Request | None) -> str | None:
 @pytest.fixture(params=["heaps", "scan"])
 def way(request, monkeypatch):
     """The queue keeps heaps for many slots and looks at each of a few: both must agree with Scrapy."""
-    monkeypatch.setattr(pqueue, "_FEW", 0 if request.param == "heaps" else 1000)
+    monkeypatch.setattr(slotchoice, "_FEW", 0 if request.param == "heaps" else 1000)
     return request.param
 
 
@@ -302,10 +302,10 @@ class CountingBoard:
 
 
 def test_a_pop_does_not_look_at_every_cooling_slot(crawler, monkeypatch):
-    monkeypatch.setattr(pqueue, "_FEW", 0)
+    monkeypatch.setattr(slotchoice, "_FEW", 0)
     clock = FakeClock()
-    ours, _ = make_queues(crawler, clock)
-    counting = ours._board = CountingBoard(ours._board)
+    counting = CountingBoard(CooldownBoard(clock=clock))
+    ours, _ = make_queues(crawler, board=counting)
     for n in range(1000):
         ours.push(Request(f"http://h{n:04d}.test/0"))
         if n % 10:
