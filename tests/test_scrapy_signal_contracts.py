@@ -20,7 +20,7 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_retryafter.parkfile import ParkFile
 
-from .conftest import ADDON, BASE_SETTINGS, crawl
+from .conftest import ADDON, BASE_SETTINGS
 
 
 class IdleSpider(Spider):
