@@ -88,16 +88,11 @@ INTENDED: list[Difference] = [
 # (tests/test_retry_modes.py::test_our_retry_middleware_works_on_a_crawler_that_is_not_crawling,
 # tests/test_redis_queue.py::test_a_queue_built_from_a_bare_spider_is_a_plain_priority_queue).
 
-_CLOSE_COROUTINE_DROPPED = (
-    "Parking's spider_closed handler (parking.py _spider_closed) returns a coroutine (Parking._closing) for the "
-    "engine to await; the test sends spider_closed with the synchronous send_catch_log, which drops it unawaited, "
-    "and pytest turns the 'coroutine ... was never awaited' unraisable warning into a failure. A Deferred instead "
-    "is deprecated by Scrapy 2.19 (a ScrapyDeprecationWarning at every close), so the coroutine stays"
-)
-
-INCOMPATIBLE: list[Difference] = [
-    Difference((S219,), "tests/test_spider_crawl.py::TestCrawlSpider::test_closed_signal_call", _CLOSE_COROUTINE_DROPPED),
-]
+# Fixed, no longer listed: parking's spider_closed coroutine dropped by a synchronous send
+# (tests/test_spider_crawl.py::TestCrawlSpider::test_closed_signal_call), and the extra spider_idle
+# rounds while an absent park file was "read" (tests/test_engine.py::TestSpiderIdle::test_dont_close_spider);
+# both in tests/test_scrapy_signal_contracts.py.
+INCOMPATIBLE: list[Difference] = []
 
 HARNESS: list[HarnessChange] = [
     HarnessChange(
@@ -105,6 +100,13 @@ HARNESS: list[HarnessChange] = [
         "only with SCRAPY_RETRYAFTER_COMPAT_NO_PARKING=1 (off by default): RETRY_AFTER_PARKING defaults to False",
         "a debugging switch: the runs counted are with parking on (the park file no longer locks, so later "
         "crawlers of one pytest process run as the first)",
+    ),
+    HarnessChange(
+        SCRAPY + REDIS,
+        "park files left in the run's .scrapy/retry_after/ are removed after each test (pytest_compat.py)",
+        "parking carries a given-up request to the next run of the same spider name (README: Parking), and "
+        "Scrapy's tests reuse spider names ('simple', 'follow') across tests: test_retry_503 parks a 'simple' "
+        "request that a later test's crawl would fetch from a mock server that is gone",
     ),
     HarnessChange(
         SCRAPY + REDIS,

@@ -1,14 +1,18 @@
 """pytest plugin for the compatibility runs (loaded with ``-p pytest_compat``).
 
 It refuses to run unless the add-on really is in Scrapy's default settings
-(default_addon.py did its job), and writes each test's outcome to the JSON
-file named by COMPAT_RESULTS for check.py.
+(default_addon.py did its job), removes the park files a test left in the
+run's .scrapy/retry_after/ (a harness change listed in differences.py), and
+writes each test's outcome to the JSON file named by COMPAT_RESULTS for check.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,6 +40,13 @@ def pytest_configure(config: pytest.Config) -> None:
     queue = settings.get("SCHEDULER_PRIORITY_QUEUE")
     if RetryAfterMiddleware not in middlewares or queue != f"scrapy_retryafter.{CooldownAwarePriorityQueue.__name__}":
         raise pytest.UsageError(f"the add-on did not install itself: {middlewares!r}, {queue!r}")
+
+
+@pytest.fixture(autouse=True)
+def _no_park_file_outlives_its_test() -> Iterator[None]:
+    # Scrapy's tests reuse spider names: a request one test parked would be fetched by the next.
+    yield
+    shutil.rmtree(Path(".scrapy", "retry_after"), ignore_errors=True)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -256,8 +256,11 @@ class Parking:
             return
         self._to_loop = call_from_thread()
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="retry_after_park")
-        self._loading = True
-        self._in_worker(self._claim, self._loaded, time.time())
+        # No file, nothing to load: no read in the worker, so no DontCloseSpider
+        # (and no extra spider_idle round for the spider's own handlers) while it runs.
+        if os.path.lexists(self.file.path):
+            self._loading = True
+            self._in_worker(self._claim, self._loaded, time.time())
         self._flusher = looping_call(self._flush)
         self._flusher.start(_FLUSH_INTERVAL, now=False)
 
@@ -489,8 +492,8 @@ class Parking:
     def _spider_closed(self, **kwargs: Any) -> Any:
         """Park what is held now (other close handlers run right after, expecting it done);
         the file's last work runs in the worker, and the returned coroutine waits for it
-        (Scrapy 2.19 deprecates a Deferred here; a synchronous send_catch_log drops it
-        unawaited, listed in compat/differences.py)."""
+        (Scrapy 2.19 deprecates a Deferred here). When the run touched no file, None: a
+        synchronous send_catch_log, which drops a coroutine unawaited, then loses nothing."""
         self._closed = True
         if self._flusher is not None and self._flusher.running:
             self._flusher.stop()
@@ -504,8 +507,13 @@ class Parking:
             # Loaded requests still queued are saved with the job and come back on resume.
             self._done.update(key for key, live in self._live.items() if live > 0 and key not in self._reparked)
         done, self._done = self._done, set()
+        untouched = not (done or self._reparked or self._claimed_in_worker or os.path.lexists(self.file.path))
         future = self._worker.submit(self._close_file, done, set(self._reparked))
         self._worker.shutdown(wait=False)
+        if untouched:
+            # Nothing of this run is in any file: only the handle closes, nothing to wait for
+            # (and a synchronous spider_closed send drops no coroutine).
+            return None
         return self._closing(future)
 
     async def _closing(self, future: concurrent.futures.Future[Any]) -> None:
