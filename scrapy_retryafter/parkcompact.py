@@ -26,7 +26,7 @@ from .parklock import (
     _identity,
     _no_gc_pauses,
 )
-from .parkowner import Owner, owner_alive, this_process_owner
+from .parkowner import Owner, this_process_owner
 
 _STALE_TEMPORARY = 3600.0
 
@@ -53,6 +53,8 @@ class CompactingLog(LockedFile):
             line: dict[str, Any] = {kind: ids[start:start + MAX_IDS_PER_LINE]}
             if kind != "done":
                 line["by"] = self.owner.to_raw()
+            if kind == "claim":
+                line["at"] = round(time.time(), 3)
             out.append(json.dumps(line, separators=(",", ":")).encode("ascii") + b"\n")
         return b"".join(out)
 
@@ -119,14 +121,14 @@ class CompactingLog(LockedFile):
         before = _identity(os.fstat(fd))
         for line, offset, kind in _lines(fd, 0, complete=False, end=_committed(fd)):  # noqa: B007 (read after)
             _apply_line(fold, line, kind)
-        mine = self.owner
-        claims: dict[Owner, list[str]] = {}
+        claims: dict[tuple[Owner, float], list[str]] = {}
         judged: dict[Owner, bool] = {}
+        if release_own:
+            judged[self.owner] = False
+        now = time.time()
         for record_id, owner in fold.claims.items():
-            if owner not in judged:
-                judged[owner] = not (release_own and owner == mine) and owner_alive(owner)
-            if judged[owner]:
-                claims.setdefault(owner, []).append(record_id)
+            if fold.holds(record_id, now, judged):
+                claims.setdefault((owner, fold.claimed_at.get(record_id, 0.0)), []).append(record_id)
         if fold.bad:
             self._keep_aside(fold.bad)
         temporary, name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
@@ -191,7 +193,7 @@ class CompactingLog(LockedFile):
             except OSError:
                 continue
 
-    def _write_folded(self, fd: int, fold: Fold, claims: dict[Owner, list[str]]) -> int:
+    def _write_folded(self, fd: int, fold: Fold, claims: dict[tuple[Owner, float], list[str]]) -> int:
         offset = 0
         batch: list[bytes] = []
         batched = 0
@@ -205,9 +207,9 @@ class CompactingLog(LockedFile):
                 self._write_all(fd, data, offset)
                 offset += len(data)
                 batch, batched = [], 0
-        for owner, ids in claims.items():
+        for (owner, at), ids in claims.items():
             for start in range(0, len(ids), MAX_IDS_PER_LINE):
-                line = {"claim": ids[start:start + MAX_IDS_PER_LINE], "by": owner.to_raw()}
+                line = {"claim": ids[start:start + MAX_IDS_PER_LINE], "by": owner.to_raw(), "at": at}
                 batch.append(json.dumps(line, separators=(",", ":")).encode("ascii") + b"\n")
         data = b"".join(batch)
         self._write_all(fd, data, offset)
