@@ -1,9 +1,9 @@
 """Loading the park file on the Scrapy side: claim what is due, rebuild it, crawl each at its time.
 
-The claim runs in the park worker. Requests are rebuilt on the loop in
-slices of a few milliseconds (the reactor stays free however many there
-are), and wait for their ``not_before`` in one heap under one timer: closing
-with 100,000 of them waiting costs one cancel, not 100,000.
+The claim runs in the park worker. The claimed records wait for their
+``not_before`` as their lines, in one heap under one timer (closing with
+100,000 waiting costs one cancel, not 100,000), and each is rebuilt into a
+request only when due, a few milliseconds of them per loop turn.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -18,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 from .parkfile import Claimed, ParkFile
 from .parkfold import Bad, Entry
 from .parkrebuild import escape, rebuild
+from .parkrecord import ParkRecord
 from .scrapy_compat import nudge_engine
 from .timers import call_later
 
 if TYPE_CHECKING:
-    from scrapy import Request
     from scrapy.crawler import Crawler
 
     from .parktrack import ParkTracker
@@ -62,7 +63,7 @@ class ParkLoader:
         self.closed = False
         self.claimed_in_worker: set[str] = set()
         """Ids this run claimed, as the worker knows them (the loop may learn them after closing)."""
-        self._waiting: list[tuple[float, int, str, Request]] = []
+        self._waiting: list[tuple[float, int, str, bytes]] = []
         self._order = itertools.count()
         self._timer: Any = None
         self._timer_at = 0.0
@@ -87,8 +88,8 @@ class ParkLoader:
                 return None
             return True
 
-        claimed = self.file.claim(take)
-        self.claimed_in_worker.update(record.id for record in claimed.records)
+        claimed = self.file.claim(take, parse=False)
+        self.claimed_in_worker.update(record_id for _, record_id, _ in claimed.lines)
         return claimed
 
     def _loaded(self, claimed: Claimed | None, error: BaseException | None) -> None:
@@ -109,49 +110,41 @@ class ParkLoader:
                 {"path": self.file.path, "count": len(claimed.bad) - _WARNINGS, "torn": self.file.torn_path.name},
                 extra={"spider": self.crawler.spider},
             )
-        self._schedule(claimed, 0, [], 0)
+        if claimed.bad:
+            self.worker.run(self._set_aside, self._set_aside_failed, [])
+        self._schedule(claimed, 0)
 
-    def _schedule(self, claimed: Claimed, start: int, refused: list[Bad], loaded: int) -> None:
-        """Rebuild the claimed requests, a few milliseconds per loop turn."""
+    def _schedule(self, claimed: Claimed, start: int) -> None:
+        """Queue the claimed lines by not_before, a few milliseconds per loop turn.
+
+        They stay bytes until due: 100,000 rebuilt requests waiting in memory
+        made every full garbage collection walk them, on the reactor.
+        """
         began = time.perf_counter()
-        records = claimed.records
+        lines = claimed.lines
         position = start
-        spider = self.crawler.spider
-        while position < len(records) and not self.closed:
-            record = records[position]
-            records[position] = None  # type: ignore[call-overload]  # freed one by one
+        while position < len(lines) and not self.closed:
+            not_before, record_id, line = lines[position]
+            lines[position] = None  # type: ignore[call-overload]  # freed one by one
             position += 1
-            try:
-                request = rebuild(record, spider)
-            except ValueError as error:
-                if self._warned < _WARNINGS:
-                    self._warned += 1
-                    self.set_aside_warning(record.id, record.url, str(error))
-                else:
-                    self.stats.inc_value("retry_after/park_file_set_aside")
-                refused.append(Bad(record.to_line().encode("ascii"), str(error), record.id, record.url))
-                continue
-            self.tracker.track()
-            loaded += 1
-            heapq.heappush(self._waiting, (record.not_before, next(self._order), record.id, request))
-            if time.perf_counter() - began > _SLICE:
+            heapq.heappush(self._waiting, (not_before, next(self._order), record_id, line))
+            if not position % 64 and time.perf_counter() - began > _SLICE:
                 break
+        if lines:
+            self.tracker.track()
         self._arm()
-        if position < len(records) and not self.closed:
-            call_later(0, functools.partial(self._schedule, claimed, position, refused, loaded))
+        if position < len(lines) and not self.closed:
+            call_later(0, functools.partial(self._schedule, claimed, position))
             return
         self.loading = False
-        if (refused or claimed.bad) and not self.closed:
-            self.worker.run(self._set_aside, self._set_aside_failed, refused)
-        if loaded or claimed.later:
-            self.stats.inc_value("retry_after/unparked", loaded)
+        if lines or claimed.later:
             logger.info(
                 "Park file %(path)s: %(loaded)d request(s) due within their max delay rescheduled, "
                 "%(later)d due later left in the file",
-                {"path": self.file.path, "loaded": loaded, "later": claimed.later},
+                {"path": self.file.path, "loaded": len(lines), "later": claimed.later},
                 extra={"spider": self.crawler.spider},
             )
-        if not self.closed and not loaded:
+        if not self.closed and not lines:
             nudge_engine(self.crawler)  # the engine may have gone idle while the file was read
 
     def _arm(self) -> None:
@@ -167,19 +160,44 @@ class ParkLoader:
         self._timer = call_later(max(0.0, earliest - time.time()), self._due)
 
     def _due(self) -> None:
-        """Crawl the requests whose time has come, a few milliseconds per loop turn."""
+        """Rebuild and crawl the requests whose time has come, a few milliseconds per loop turn."""
         self._timer = None
         began = time.perf_counter()
         engine = self._engine()
         now = time.time()
+        refused: list[Bad] = []
+        spider = self.crawler.spider
         while self._waiting and self._waiting[0][0] <= now and not self.closed:
-            _, _, _, request = heapq.heappop(self._waiting)
-            if engine is not None:
-                engine.crawl(request)
+            _, _, record_id, line = heapq.heappop(self._waiting)
+            try:
+                record = ParkRecord.from_line(line.decode("ascii"))
+                request = rebuild(record, spider)
+            except (ValueError, UnicodeDecodeError) as error:
+                self._refuse(refused, record_id, line, str(error))
+            else:
+                self.stats.inc_value("retry_after/unparked")
+                if engine is not None:
+                    engine.crawl(request)
             if time.perf_counter() - began > _SLICE:
                 self._timer, self._timer_at = call_later(0, self._due), 0.0
-                return
-        self._arm()
+                break
+        else:
+            self._arm()
+        if refused and not self.closed:
+            self.worker.run(self._set_aside, self._set_aside_failed, refused)
+
+    def _refuse(self, refused: list[Bad], record_id: str, line: bytes, why: str) -> None:
+        url = None
+        try:
+            url = json.loads(line).get("url")
+        except (ValueError, AttributeError):
+            pass
+        if self._warned < _WARNINGS:
+            self._warned += 1
+            self.set_aside_warning(record_id, url if isinstance(url, str) else None, why)
+        else:
+            self.stats.inc_value("retry_after/park_file_set_aside")
+        refused.append(Bad(line, why, record_id, url[:200] if isinstance(url, str) else None))
 
     def _engine(self) -> Any:
         try:
