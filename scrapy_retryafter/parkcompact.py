@@ -116,6 +116,9 @@ class CompactingLog(LockedFile):
         Where no child can be started, it compacts here.
         """
         self.check()
+        if "python" not in os.path.basename(sys.executable or "").lower():
+            return self.compact()  # embedded (uWSGI, a frozen app): no interpreter to start
+        self._tombstones = 0  # on failure too: tried again after as many removals, not at every flush
         try:
             child = subprocess.run(
                 [sys.executable, "-I", "-S", "-c", _CHILD, _PACKAGE_ROOT, os.fspath(self.path)],
@@ -126,7 +129,6 @@ class CompactingLog(LockedFile):
         if child.returncode != 0:
             why = child.stderr.decode("ascii", "replace").strip().splitlines()[-1:] or [f"exit {child.returncode}"]
             raise ParkFileError(errno.EIO, f"could not compact {self.path}: {why[0][:500]}")
-        self._tombstones = 0
         try:
             return int(child.stdout.strip() or 0)
         except ValueError:

@@ -227,17 +227,24 @@ class Parking:
         done = self.tracker.take_done()
         self._flushing = self._worker.run(self._mark_done, functools.partial(self._flushed, done), done)
 
-    def _mark_done(self, done: set[str]) -> None:
+    def _mark_done(self, done: set[str]) -> OSError | None:
+        """The removals, then a compaction if due; a failed compaction is returned (the removals stand)."""
         assert self.file is not None
         self.file.done(done)  # unsorted: one long C call would hold the GIL (and the reactor)
         if self.file.tombstones >= _COMPACT_AFTER:
-            self.file.compact_apart()
+            try:
+                self.file.compact_apart()
+            except OSError as error:
+                return error
+        return None
 
-    def _flushed(self, done: set[str], result: Any, error: BaseException | None) -> None:
+    def _flushed(self, done: set[str], result: OSError | None, error: BaseException | None) -> None:
         self._flushing = None
         if error is not None:
             self.tracker.done |= done  # tried again at the next flush, and at close
             self._worker_failed(error)
+        elif result is not None:
+            self._worker_failed(result)
 
     def _worker_failed(self, error: BaseException) -> None:
         logger.error(

@@ -15,9 +15,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import gc
+import grp
 import os
 import pwd
-import grp
 import stat
 import threading
 import time

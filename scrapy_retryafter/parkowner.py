@@ -15,7 +15,6 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-
 CLAIM_LEASE = 24 * 3600.0
 """How long a claim whose owner cannot be judged (another host or pid namespace) holds its records."""
 _FUTURE_SLACK = 300.0

@@ -99,7 +99,7 @@ def test_a_claim_line_with_a_hostile_time_is_set_aside_and_frees_nothing_it_shou
         record = _record("http://127.0.0.1/a")
         lot.add(record)
         with open(path, "a") as out:
-            out.write('{"claim":["%s"],"by":%s,"at":%s}\n' % (record.id, json.dumps(_elsewhere().to_raw()), at))
+            out.write(f'{{"claim":["{record.id}"],"by":{json.dumps(_elsewhere().to_raw())},"at":{at}}}\n')
         claimed = lot.claim(_take_all)
         assert [r.id for r in claimed.records] == [record.id]
         assert [bad.why for bad in claimed.bad] == ["claim line has a malformed time"]
