@@ -34,7 +34,7 @@ _STALE_TEMPORARY = 3600.0
 _CHILD_TIMEOUT = 600.0
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CHILD = (
-    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "import sys; sys.path.append(sys.argv[1]); "
     "from scrapy_retryafter.parkcompact import _child_main; sys.exit(_child_main(sys.argv[2]))"
 )
 

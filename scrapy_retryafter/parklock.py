@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import gc
 import grp
 import os
@@ -111,6 +112,7 @@ def _check_ours(info: os.stat_result, path: Path, setting: str) -> None:
         raise ParkFileError(errno.EMLINK, f"{path} has {info.st_nlink} hard links; refusing a file that is also elsewhere")
 
 
+@functools.lru_cache(maxsize=64)
 def _private_group(gid: int) -> bool:
     """``gid`` is the user-private group of this user (umask 002 systems): nobody else is in it."""
     try:
