@@ -111,17 +111,18 @@ async def measure(count: int, folder: Path) -> dict[str, float]:
     parking._spider_opened(spider=spider)
     if parking._flusher is not None:
         parking._flusher.stop()
-    await until(lambda: not parking._loading)
+    assert parking.loader is not None
+    await until(lambda: not parking.loader.loading)
     figures["claim_s"] = time.perf_counter() - started
     figures["claim_stall_ms"] = meter.stop() * 1000
-    assert len(parking._claimed_in_worker) == count, "every record claimed"
+    assert len(parking.loader.claimed_in_worker) == count, "every record claimed"
 
     # The same wait with nothing to do: what the machine alone costs the reactor.
     meter.start()
     await until(lambda: time.perf_counter() - meter.started >= figures["claim_s"] / 2)
     figures["idle_stall_ms"] = meter.stop() * 1000
 
-    parking._done = set(ids[: count // 2])
+    parking.tracker.done = set(ids[: count // 2])
     saved, parking_module._COMPACT_AFTER = parking_module._COMPACT_AFTER, 0
     meter.start()
     started = time.perf_counter()
@@ -132,7 +133,7 @@ async def measure(count: int, folder: Path) -> dict[str, float]:
     figures["flush_stall_ms"] = meter.stop() * 1000
     parking_module._COMPACT_AFTER = saved
 
-    parking._done = set(ids[count // 2: count // 2 + count // 4])
+    parking.tracker.done = set(ids[count // 2: count // 2 + count // 4])
     meter.start()
     started = time.perf_counter()
     await parking._spider_closed()

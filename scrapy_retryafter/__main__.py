@@ -62,7 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {printable(str(error), 1000)}", file=sys.stderr)
         return 1
     rows = list(summarize(fold.records.values()))
-    print(f"{len(fold.records)} parked request(s) in {shown}, {len(fold.claims)} claimed by a running crawl")
+    free = sum(1 for _ in fold.free())
+    print(f"{len(fold.records)} parked request(s) in {shown}, {len(fold.records) - free} claimed by a running crawl")
     if rows:
         cells = [(printable(slot, 100), count, iso(earliest),
                   ", ".join(f"{printable(reason, 64)} {n}" for reason, n in sorted(reasons.items())))

@@ -12,6 +12,8 @@ import errno
 import json
 import os
 import stat
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -26,9 +28,15 @@ from .parklock import (
     _identity,
     _no_gc_pauses,
 )
-from .parkowner import Owner, owner_alive, this_process_owner
+from .parkowner import Owner, this_process_owner
 
 _STALE_TEMPORARY = 3600.0
+_CHILD_TIMEOUT = 600.0
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CHILD = (
+    "import sys; sys.path.append(sys.argv[1]); "
+    "from scrapy_retryafter.parkcompact import _child_main; sys.exit(_child_main(sys.argv[2]))"
+)
 
 
 class CompactingLog(LockedFile):
@@ -53,6 +61,8 @@ class CompactingLog(LockedFile):
             line: dict[str, Any] = {kind: ids[start:start + MAX_IDS_PER_LINE]}
             if kind != "done":
                 line["by"] = self.owner.to_raw()
+            if kind == "claim":
+                line["at"] = round(time.time(), 3)
             out.append(json.dumps(line, separators=(",", ":")).encode("ascii") + b"\n")
         return b"".join(out)
 
@@ -96,6 +106,34 @@ class CompactingLog(LockedFile):
         finally:
             os.close(dir_fd)
 
+    def compact_apart(self) -> int:
+        """``compact()`` in a child process: the crawl's interpreter lock stays free for the reactor.
+
+        Folding 100,000 lines in a thread holds the lock for most of a
+        second in 5 ms slices; another process shares nothing with the crawl
+        but the file and its ``flock``, which the log is built for. Claims of
+        this process are judged there by pid and start time, so they stay.
+        Where no child can be started, it compacts here.
+        """
+        self.check()
+        if "python" not in os.path.basename(sys.executable or "").lower():
+            return self.compact()  # embedded (uWSGI, a frozen app): no interpreter to start
+        self._tombstones = 0  # on failure too: tried again after as many removals, not at every flush
+        try:
+            child = subprocess.run(
+                [sys.executable, "-I", "-S", "-c", _CHILD, _PACKAGE_ROOT, os.fspath(self.path)],
+                stdin=subprocess.DEVNULL, capture_output=True, timeout=_CHILD_TIMEOUT, check=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return self.compact()
+        if child.returncode != 0:
+            why = child.stderr.decode("ascii", "replace").strip().splitlines()[-1:] or [f"exit {child.returncode}"]
+            raise ParkFileError(errno.EIO, f"could not compact {self.path}: {why[0][:500]}")
+        try:
+            return int(child.stdout.strip() or 0)
+        except ValueError:
+            return 0
+
     def _compact(self, dir_fd: int, release_own: bool) -> int:
         try:
             snapshot = self._open_in(dir_fd, self.path.name, os.O_RDONLY)
@@ -119,14 +157,14 @@ class CompactingLog(LockedFile):
         before = _identity(os.fstat(fd))
         for line, offset, kind in _lines(fd, 0, complete=False, end=_committed(fd)):  # noqa: B007 (read after)
             _apply_line(fold, line, kind)
-        mine = self.owner
-        claims: dict[Owner, list[str]] = {}
+        claims: dict[tuple[Owner, float], list[str]] = {}
         judged: dict[Owner, bool] = {}
+        if release_own:
+            judged[self.owner] = False
+        now = time.time()
         for record_id, owner in fold.claims.items():
-            if owner not in judged:
-                judged[owner] = not (release_own and owner == mine) and owner_alive(owner)
-            if judged[owner]:
-                claims.setdefault(owner, []).append(record_id)
+            if fold.holds(record_id, now, judged):
+                claims.setdefault((owner, fold.claimed_at.get(record_id, 0.0)), []).append(record_id)
         if fold.bad:
             self._keep_aside(fold.bad)
         temporary, name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
@@ -191,7 +229,7 @@ class CompactingLog(LockedFile):
             except OSError:
                 continue
 
-    def _write_folded(self, fd: int, fold: Fold, claims: dict[Owner, list[str]]) -> int:
+    def _write_folded(self, fd: int, fold: Fold, claims: dict[tuple[Owner, float], list[str]]) -> int:
         offset = 0
         batch: list[bytes] = []
         batched = 0
@@ -205,11 +243,23 @@ class CompactingLog(LockedFile):
                 self._write_all(fd, data, offset)
                 offset += len(data)
                 batch, batched = [], 0
-        for owner, ids in claims.items():
+        for (owner, at), ids in claims.items():
             for start in range(0, len(ids), MAX_IDS_PER_LINE):
-                line = {"claim": ids[start:start + MAX_IDS_PER_LINE], "by": owner.to_raw()}
+                line = {"claim": ids[start:start + MAX_IDS_PER_LINE], "by": owner.to_raw(), "at": at}
                 batch.append(json.dumps(line, separators=(",", ":")).encode("ascii") + b"\n")
         data = b"".join(batch)
         self._write_all(fd, data, offset)
         return offset + len(data)
 
+
+
+def _child_main(path: str) -> int:
+    """The child of ``compact_apart``: compact the park file at ``path``, print the records left."""
+    try:
+        log = CompactingLog(path, setting="RETRY_AFTER_PARK_FILE")
+        log.check()
+        print(log.compact())
+    except OSError as error:
+        print(f"{type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    return 0

@@ -38,7 +38,7 @@ import errno
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .parkcompact import CompactingLog
 from .parkfold import MAX_LINE, Bad, Entry, Fold, _apply_line, _lines, summarize
@@ -72,6 +72,8 @@ class Claimed:
     later: int
     """Free records of this spider left for later (due past the caller's horizon)."""
     bad: list[Bad]
+    lines: list[tuple[float, str, bytes]] = field(default_factory=list)
+    """With ``parse=False``: (not_before, id, line) per claimed record, instead of ``records``."""
 
 
 class ParkFile(CompactingLog):
@@ -177,10 +179,13 @@ class ParkFile(CompactingLog):
         finally:
             os.close(fd)
 
-    def claim(self, take: Callable[[Entry], bool | None]) -> Claimed:
+    def claim(self, take: Callable[[Entry], bool | None], parse: bool = True) -> Claimed:
         """Claim the free records ``take`` says yes to; None from it means "later", False "not ours".
 
         One lock around reading the tail, choosing and appending the claim.
+        With ``parse=False`` the claimed records come back as their lines
+        (bytes: no objects for the garbage collector to walk), each already
+        checked by the fold.
         """
         dir_fd = self._dir(False)
         if dir_fd is None:
@@ -193,6 +198,7 @@ class ParkFile(CompactingLog):
                 fd, fold, _ = state
                 try:
                     chosen: list[ParkRecord] = []
+                    lines: list[tuple[float, str, bytes]] = []
                     later = 0
                     bad = list(fold.bad)
                     for count, record_id in enumerate(list(fold.free())):
@@ -202,22 +208,25 @@ class ParkFile(CompactingLog):
                         verdict = take(entry)
                         if verdict is None:
                             later += 1
+                        elif verdict and not parse:
+                            lines.append((entry.not_before, record_id, entry.line))
                         elif verdict:
                             try:
                                 chosen.append(entry.record())
                             except (ValueError, UnicodeDecodeError) as error:
                                 bad.append(Bad(entry.line, str(error), record_id, entry.url[:200]))
-                    if chosen:
+                    ids = [record.id for record in chosen] or [record_id for _, record_id, _ in lines]
+                    if ids:
                         size = os.fstat(fd).st_size
                         os.lseek(fd, size, os.SEEK_SET)
                         try:
-                            self._write_all(fd, self._changes("claim", [record.id for record in chosen]))
+                            self._write_all(fd, self._changes("claim", ids))
                             self._fsync(fd)
                         except OSError as error:
                             self._cut_back(fd, size)
                             raise ParkFileError(error.errno or errno.EIO,
                                                 f"could not claim records in {self.path}: {error}") from error
-                    return Claimed(chosen, later, bad)
+                    return Claimed(chosen, later, bad, lines)
                 finally:
                     os.close(fd)
                     fold.empty()

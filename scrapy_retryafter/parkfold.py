@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .parkowner import Owner, owner_alive
+from .parkowner import Owner, claim_holds
 from .parkrecord import _ID, ParkRecord
 
 MAX_LINE = 16 * 1024 * 1024
@@ -54,6 +54,8 @@ class Fold:
     def __init__(self) -> None:
         self.records: dict[str, Entry] = {}
         self.claims: dict[str, Owner] = {}
+        self.claimed_at: dict[str, float] = {}
+        """When each claim was made, by its line (0 for a line without a time)."""
         self.bad: list[Bad] = []
         self.lines = 0
 
@@ -83,6 +85,7 @@ class Fold:
             self.records.pop(record.id, None)
             self.records[record.id] = Entry(line, record.spider, record.slot, record.reason, record.url, record.not_before)
             self.claims.pop(record.id, None)
+            self.claimed_at.pop(record.id, None)
             return
         try:
             self._apply_change(raw)
@@ -90,9 +93,11 @@ class Fold:
             self.bad.append(Bad(line, str(error)))
 
     def _apply_change(self, raw: Any) -> None:
-        if not isinstance(raw, dict) or len(raw) > 2:
+        if not isinstance(raw, dict) or len(raw) > 3:
             raise ValueError("not a park-file line")
         kind = next((key for key in ("done", "claim", "release") if key in raw), None)
+        if kind is None or not set(raw) <= {kind, "by", "at"} or ("at" in raw and kind != "claim"):
+            raise ValueError("not a park-file line")
         ids = raw.get(kind) if kind else None
         if not isinstance(ids, list) or len(ids) > MAX_IDS_PER_LINE or not all(
             isinstance(i, str) and _ID.match(i) for i in ids
@@ -102,37 +107,45 @@ class Fold:
             for record_id in ids:
                 self.records.pop(record_id, None)
                 self.claims.pop(record_id, None)
+                self.claimed_at.pop(record_id, None)
             return
         owner = Owner.from_raw(raw.get("by"))
         if kind == "claim":
+            at = raw.get("at", 0.0)
+            if isinstance(at, bool) or not isinstance(at, (int, float)) or not 0.0 <= at < 1e11:
+                raise ValueError("claim line has a malformed time")
             for record_id in ids:
                 if record_id in self.records:
                     self.claims[record_id] = owner
+                    self.claimed_at[record_id] = float(at)
         else:
             for record_id in ids:
                 if self.claims.get(record_id) == owner:
                     del self.claims[record_id]
+                    self.claimed_at.pop(record_id, None)
 
     def empty(self) -> None:
         """Free the fold piecewise: dropping 100,000 entries in one call would hold the GIL for tens of ms."""
-        for table in (self.records, self.claims):
+        for table in (self.records, self.claims, self.claimed_at):
             while table:
                 for _ in range(min(512, len(table))):
                     table.popitem()
                 time.sleep(0)
         self.bad = []
 
-    def free(self, alive: Callable[[Owner], bool] = owner_alive) -> Iterator[str]:
-        """Ids of records no live owner holds, in file order."""
-        judged: dict[Owner, bool] = {}
+    def holds(self, record_id: str, now: float, judged: dict[Owner, bool]) -> bool:
+        """Whether a live claim holds the record (``judged`` caches each owner's verdict)."""
+        owner = self.claims.get(record_id)
+        if owner is None:
+            return False
+        return claim_holds(owner, self.claimed_at.get(record_id, 0.0), now, judged)
+
+    def free(self, now: float | None = None, judged: dict[Owner, bool] | None = None) -> Iterator[str]:
+        """Ids of records no live claim holds, in file order."""
+        now = time.time() if now is None else now
+        judged = {} if judged is None else judged
         for record_id in self.records:
-            owner = self.claims.get(record_id)
-            if owner is None:
-                yield record_id
-                continue
-            if owner not in judged:
-                judged[owner] = alive(owner)
-            if not judged[owner]:
+            if not self.holds(record_id, now, judged):
                 yield record_id
 
 

@@ -1,7 +1,11 @@
 """The park file's bytes on disk: opened safely, locked with ``flock``, appended whole and fsynced.
 
 Refuses a path that is a symlink, not a regular file, not ours or hard-linked
-elsewhere (the file holds cookies and auth headers: it is 0600). A failed
+elsewhere (the file holds cookies and auth headers: it is 0600), and a path
+another user could redirect: every directory on the way to it, as written
+and with symlinks resolved, must be ours or root's and writable by nobody
+else (a sticky directory such as /tmp aside; a group-writable one only when
+the group is our own private group), as ssh's StrictModes asks. A failed
 append is cut back to where it started, under the lock, so readers never see
 half a change. No Scrapy here.
 """
@@ -10,8 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import gc
+import grp
 import os
+import pwd
 import stat
 import threading
 import time
@@ -105,6 +112,58 @@ def _check_ours(info: os.stat_result, path: Path, setting: str) -> None:
         raise ParkFileError(errno.EMLINK, f"{path} has {info.st_nlink} hard links; refusing a file that is also elsewhere")
 
 
+@functools.lru_cache(maxsize=64)
+def _private_group(gid: int) -> bool:
+    """``gid`` is the user-private group of this user (umask 002 systems): nobody else is in it."""
+    try:
+        user = pwd.getpwuid(os.geteuid())
+        group = grp.getgrgid(gid)
+    except (KeyError, OSError):
+        return False
+    return gid == user.pw_gid and group.gr_name == user.pw_name and set(group.gr_mem) <= {user.pw_name}
+
+
+def _unsafe_directory(directory: Path, info: os.stat_result) -> str | None:
+    mode = info.st_mode
+    if info.st_uid not in (os.geteuid(), 0):
+        return f"it belongs to another user (uid {info.st_uid}), who could replace what is in it"
+    if mode & stat.S_ISVTX:
+        return None
+    if mode & stat.S_IWOTH:
+        return f"it is writable by every user (mode {stat.S_IMODE(mode):04o}) and has no sticky bit"
+    if mode & stat.S_IWGRP and not _private_group(info.st_gid):
+        return f"it is writable by group {info.st_gid} (mode {stat.S_IMODE(mode):04o}) and has no sticky bit"
+    return None
+
+
+def check_directories(path: Path, setting: str) -> None:
+    """Refuse ``path``'s directories if another user could swap them (each as written, and resolved).
+
+    Directories that do not exist yet are skipped (they will be created ours and 0700).
+    """
+    absolute = Path(os.path.abspath(path)).parent
+    resolved = Path(os.path.realpath(absolute))
+    for chain, follow in ((absolute, False), (resolved, True)):
+        for directory in (chain, *chain.parents):
+            try:
+                info = os.stat(directory) if follow else os.lstat(directory)
+            except FileNotFoundError:
+                continue
+            except OSError as error:
+                raise ParkFileError(error.errno or errno.EIO, f"{directory}: {error.strerror} ({setting})") from None
+            if not follow and stat.S_ISLNK(info.st_mode):
+                continue  # its directory is checked here, its target in the resolved chain
+            why = _unsafe_directory(directory, info)
+            if why is not None:
+                shown = f"{directory} (where {absolute} leads)" if follow and resolved != absolute else str(directory)
+                raise ParkFileError(
+                    errno.EPERM,
+                    f"refusing the park file {path}: its directory {shown} is unsafe: {why}; whoever can "
+                    f"change it could redirect the file, which holds cookies. Fix its owner or mode, or "
+                    f"set {setting} to a path in a directory only you can write",
+                )
+
+
 class LockedFile:
     """A path opened only when safe, written only under its ``flock``: the park file's I/O, no format."""
 
@@ -120,6 +179,7 @@ class LockedFile:
         self.setting = setting
         self._write = write
         self._fsync = fsync
+        self._safe_directory: tuple[int, int] | None = None
 
     @property
     def torn_path(self) -> Path:
@@ -137,6 +197,7 @@ class LockedFile:
             )
         if not self.path.name or self.path.name in (".", ".."):
             raise ParkFileError(errno.EINVAL, f"{self.setting} {str(self.path)!r} does not name a file")
+        check_directories(self.path, self.setting)
         try:
             info = os.lstat(self.path)
         except FileNotFoundError:
@@ -154,8 +215,26 @@ class LockedFile:
         )
 
     def _dir(self, create: bool) -> int | None:
+        """The park file's directory, opened; checked safe (again whenever it is another directory)."""
+        dir_fd = self._open_dir(create)
+        if dir_fd is None:
+            return None
+        try:
+            identity = _identity(os.fstat(dir_fd))
+            if identity != self._safe_directory:
+                check_directories(self.path, self.setting)
+                if _identity(os.stat(self.path.parent)) != identity:
+                    raise ParkFileError(errno.EXDEV, f"{self.path.parent} changed while it was checked ({self.setting})")
+                self._safe_directory = identity
+        except BaseException:
+            os.close(dir_fd)
+            raise
+        return dir_fd
+
+    def _open_dir(self, create: bool) -> int | None:
         parent = self.path.parent
         if create:
+            check_directories(self.path, self.setting)  # before creating anything in it
             try:
                 parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             except FileExistsError:

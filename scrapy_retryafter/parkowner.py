@@ -1,7 +1,9 @@
 """Who holds a park claim: an owner (host, boot, pid namespace, pid, start time, nonce) and whether it lives.
 
-A claim whose owner died goes back to the pool; one that cannot be judged
-(another machine or pid namespace) is kept.
+A claim whose owner died goes back to the pool. One that cannot be judged
+(another machine or pid namespace: no pid of ours to look at) is kept for a
+lease of CLAIM_LEASE seconds from the time written in its claim line, then
+goes back too; a claim line dated in the future is not trusted at all.
 """
 
 from __future__ import annotations
@@ -12,6 +14,11 @@ import uuid
 import weakref
 from dataclasses import dataclass
 from typing import Any
+
+CLAIM_LEASE = 24 * 3600.0
+"""How long a claim whose owner cannot be judged (another host or pid namespace) holds its records."""
+_FUTURE_SLACK = 300.0
+"""A claim dated further ahead than this is forged or from a wrong clock: it holds nothing."""
 
 
 @dataclass(frozen=True)
@@ -92,10 +99,31 @@ _live_handles: weakref.WeakValueDictionary[str, object] = weakref.WeakValueDicti
 """Handles of this process by nonce: a claim of this process whose handle is gone is free."""
 
 
+def judgeable(owner: Owner) -> bool:
+    """Whether this process can tell if ``owner`` lives: same host and pid namespace."""
+    here = this_process()
+    return owner.host == here[0] and owner.ns == here[2]
+
+
+def within_lease(at: float, now: float) -> bool:
+    """A claim made at ``at`` that cannot be judged still holds at ``now``."""
+    return now - CLAIM_LEASE < at <= now + _FUTURE_SLACK
+
+
+def claim_holds(owner: Owner, at: float, now: float, alive: dict[Owner, bool]) -> bool:
+    """Whether a claim still holds its record; ``alive`` caches owner_alive per owner."""
+    if owner not in alive:
+        alive[owner] = owner_alive(owner)
+    if not alive[owner]:
+        return False
+    return judgeable(owner) or within_lease(at, now)
+
+
 def owner_alive(owner: Owner) -> bool:
     """False only when sure: a dead or replaced process, another boot, or a closed handle of ours.
 
-    A claim from another machine or pid namespace cannot be judged and is kept.
+    An owner on another machine or in another pid namespace cannot be judged
+    here: True (its claims then hold only for their lease, see claim_holds).
     """
     here = this_process()
     if owner.host != here[0] or owner.ns != here[2]:

@@ -1,0 +1,145 @@
+"""Loading and flushing on the crawl's loop: bounded work per turn, however large the park file."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import pytest_twisted
+from scrapy import Spider, signals
+from scrapy.utils.test import get_crawler
+from twisted.internet import reactor, task
+from twisted.internet.defer import Deferred
+
+from scrapy_retryafter import parkcompact
+from scrapy_retryafter.parkfile import ParkFile, ParkFileError, ParkRecord, encode_value
+from scrapy_retryafter.parking import Parking
+from scrapy_retryafter.settings import load_config
+
+
+def _records(count: int, due_in: float) -> list[ParkRecord]:
+    now = time.time()
+    out = []
+    for i in range(count):
+        request = {"url": f"http://127.0.0.1:1/item/{i}", "callback": "parse", "method": "GET",
+                   "headers": {"Cookie": [b"session=0123456789abcdef"]}, "meta": {"tag": f"item-{i}"}}
+        out.append(ParkRecord(url=request["url"], slot="127.0.0.1", reason="over_cap", attempts=1,
+                              not_before=now + due_in, request=encode_value(request), spider="loading"))
+    return out
+
+
+def _timers() -> int:
+    """Timers on the loop: Twisted's, and asyncio's where Scrapy schedules on asyncio (no public count)."""
+    loop = asyncio.get_event_loop()
+    return len(reactor.getDelayedCalls()) + len(getattr(loop, "_scheduled", ()))
+
+
+async def _until(condition, limit: float = 120.0) -> None:
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await task.deferLater(reactor, 0.005, lambda: None)
+
+
+class _Gaps:
+    """The longest gap between runs of a 1 ms looping call: how long the loop was kept busy."""
+
+    def __init__(self) -> None:
+        self.last = time.perf_counter()
+        self.worst = 0.0
+        self.loop = task.LoopingCall(self._tick)
+
+    def _tick(self) -> None:
+        now = time.perf_counter()
+        self.worst = max(self.worst, now - self.last)
+        self.last = now
+
+    def __enter__(self) -> _Gaps:
+        self.last = time.perf_counter()
+        self.loop.start(0.001, now=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.stop()
+
+
+async def _open(path, count: int, due_in: float):
+    with ParkFile(path) as lot:
+        lot.add_many(_records(count, due_in))
+    crawler = get_crawler(Spider, {"RETRY_AFTER_PARK_FILE": str(path), "RETRY_AFTER_MAX_DELAY": 86400})
+    spider = Spider(name="loading")
+    crawler.spider = spider
+    parking = Parking(crawler, load_config(crawler.settings), lambda: [])
+    await _send(crawler, signal=signals.spider_opened, spider=spider)
+    return crawler, spider, parking
+
+
+async def _send(crawler, **kwargs) -> None:
+    send = getattr(crawler.signals, "send_catch_log_async", None)  # Scrapy >= 2.14
+    if send is not None:  # run as an asyncio task, as the engine would
+        await Deferred.fromFuture(asyncio.ensure_future(send(**kwargs)))
+    else:
+        await crawler.signals.send_catch_log_deferred(**kwargs)
+
+
+async def _close(crawler, spider) -> None:
+    await _send(crawler, signal=signals.spider_closed, spider=spider, reason="finished")
+
+
+@pytest_twisted.ensureDeferred
+async def test_thousands_of_loaded_requests_wait_under_one_timer_and_closing_cancels_one(tmp_path):
+    before = _timers()
+    crawler, spider, parking = await _open(tmp_path / "parked.jsonl", 3000, due_in=3600)
+    assert parking.loader is not None
+    await _until(lambda: not parking.loader.loading)
+    assert parking.loader.pending == 3000
+    assert _timers() - before < 10  # one timer per request before: 3,000
+    started = time.perf_counter()
+    await _close(crawler, spider)
+    assert parking.loader.pending == 0
+    assert time.perf_counter() - started < 5
+
+
+@pytest_twisted.ensureDeferred
+async def test_rebuilding_many_claimed_requests_keeps_the_loop_turning(tmp_path):
+    crawler, spider, parking = await _open(tmp_path / "parked.jsonl", 20000, due_in=3600)
+    assert parking.loader is not None
+    await _until(lambda: parking.loader.claimed_in_worker)  # claimed; now rebuilt on the loop
+    with _Gaps() as gaps:
+        await _until(lambda: not parking.loader.loading)
+    await _close(crawler, spider)
+    assert gaps.worst < 0.1, f"the loop was kept busy for {gaps.worst * 1000:.0f} ms"
+
+
+def _compact_here_refused(*args, **kwargs):
+    raise AssertionError("compacted in the crawl's process")
+
+
+def test_compaction_during_a_crawl_runs_in_another_process_and_keeps_our_claims(tmp_path, monkeypatch):
+    path = tmp_path / "parked.jsonl"
+    with ParkFile(path) as lot, ParkFile(path) as other:
+        records = _records(40, due_in=0)
+        lot.add_many(records)
+        lot.claim(lambda entry: entry.url.endswith(("/0", "/1")))
+        lot.done([record.id for record in records[2:30]])
+        size = path.stat().st_size
+        monkeypatch.setattr(parkcompact.CompactingLog, "_compact_fold", _compact_here_refused)
+        assert lot.compact_apart() == 12
+        assert lot.tombstones == 0
+        assert path.stat().st_size < size / 2
+        assert sorted(r.url for r in other.claim(lambda entry: True).records) == sorted(r.url for r in records[30:])
+
+
+def test_a_compaction_that_fails_in_the_child_raises_with_its_reason(tmp_path):
+    path = tmp_path / "parked.jsonl"
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    with ParkFile(path) as lot:
+        lot.add_many(_records(2, due_in=0))
+        with open(path, "a") as out:
+            out.write("garbage\n")
+        (tmp_path / "parked.jsonl.torn").symlink_to(victim)
+        with pytest.raises(ParkFileError, match="symlink"):
+            lot.compact_apart()
+    assert victim.read_text() == "precious\n"
