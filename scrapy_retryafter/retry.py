@@ -40,6 +40,7 @@ from .failures import (
     qualified_names,
     stamp_first_attempt,
 )
+from .retry_reporting import add_seconds
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -226,7 +227,7 @@ class RetryMiddleware(ScrapyRetryMiddleware):
         retry.meta[NOT_BEFORE] = now + decision.wait
         retry.meta[PREVIOUS_WAIT] = decision.wait
         self._stats.inc_value("retry_after/backoff_retried")
-        self._stats.inc_value("retry_after/backoff_seconds", round(decision.wait, 3))  # type: ignore[arg-type]  # stats sum seconds; Scrapy types them int
+        add_seconds(self._stats, "retry_after/backoff_seconds", decision.wait)
         logger.info(
             "Retrying %(request)s on %(slot)s after %(failure)s, attempt %(attempt)d of %(max)d, "
             "waiting %(wait).2fs in the scheduler (%(reason)s)",
@@ -282,7 +283,7 @@ class RetryMiddleware(ScrapyRetryMiddleware):
         if not added:
             return
         self._stats.inc_value("retry_after/host_down")
-        self._stats.inc_value("retry_after/cooldown_seconds", round(added, 3))  # type: ignore[arg-type]  # stats sum seconds; Scrapy types them int
+        add_seconds(self._stats, "retry_after/cooldown_seconds", added)
         self._retry_after.send_back(slot)
         logger.warning(
             "Host %(slot)s looks down: %(count)d connection failures in a row (last %(error)s), "
