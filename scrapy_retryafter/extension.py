@@ -28,6 +28,7 @@ from .parking import Parking
 from .retry_reporting import check_give_up_log_level
 from .settings import Config, load_config
 from .settingsguard import warn_unknown_settings, warn_unused_slot_keys
+from .eventlog import printable
 from .tally import SlotTally
 from .timers import call_from_thread, call_later, looping_call
 
@@ -169,7 +170,7 @@ class RetryAfterExtension:
         self.stats.inc_value("retry_after/redis/remote_cooldowns")
         logger.info(
             "Cooling %(slot)s %(wait).2fs: another crawler of the fleet was throttled (Redis board)",
-            {"slot": slot, "wait": seconds},
+            {"slot": printable(slot), "wait": seconds},
             extra={"spider": self.crawler.spider},
         )
         self.send_back(slot)
@@ -179,7 +180,7 @@ class RetryAfterExtension:
         logger.warning(
             "Refusing %(slot)s for %(wait).0fs: another crawler of the fleet cools it longer than "
             "RETRY_AFTER_MAX_DELAY here (Redis board); its requests are given up as over the cap",
-            {"slot": slot, "wait": seconds},
+            {"slot": printable(slot), "wait": seconds},
             extra={"spider": self.crawler.spider},
         )
 
@@ -187,7 +188,7 @@ class RetryAfterExtension:
         self.stats.inc_value(f"retry_after/redis/remote_circuit_{'opened' if opened else 'closed'}")
         logger.info(
             "Circuit %(what)s for %(slot)s by another crawler of the fleet (Redis board)",
-            {"what": "opened" if opened else "closed", "slot": slot},
+            {"what": "opened" if opened else "closed", "slot": printable(slot)},
             extra={"spider": self.crawler.spider},
         )
         if not opened:

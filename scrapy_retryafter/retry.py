@@ -40,6 +40,7 @@ from .failures import (
     qualified_names,
     stamp_first_attempt,
 )
+from .eventlog import printable
 from .retry_reporting import add_seconds
 
 if TYPE_CHECKING:
@@ -233,7 +234,7 @@ class RetryMiddleware(ScrapyRetryMiddleware):
             "waiting %(wait).2fs in the scheduler (%(reason)s)",
             {
                 "request": request,
-                "slot": slot,
+                "slot": printable(slot),
                 "failure": label,
                 "attempt": attempt,
                 "max": max_retries,
@@ -261,7 +262,7 @@ class RetryMiddleware(ScrapyRetryMiddleware):
             self._stats.inc_value("retry_after/not_retried")
             logger.info(
                 "Not retrying %(request)s on %(slot)s after %(failure)s: %(reason)s",
-                {"request": request, "slot": slot, "failure": label, "reason": decision.reason},
+                {"request": request, "slot": printable(slot), "failure": label, "reason": decision.reason},
                 extra={"spider": self.crawler.spider},
             )
             return None
@@ -288,6 +289,6 @@ class RetryMiddleware(ScrapyRetryMiddleware):
         logger.warning(
             "Host %(slot)s looks down: %(count)d connection failures in a row (last %(error)s), "
             "pausing the slot %(wait).2fs",
-            {"slot": slot, "count": count, "error": type(exception).__name__, "wait": self._board.remaining(slot)},
+            {"slot": printable(slot), "count": count, "error": type(exception).__name__, "wait": self._board.remaining(slot)},
             extra={"spider": self.crawler.spider},
         )

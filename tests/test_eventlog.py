@@ -128,3 +128,13 @@ def test_any_sum_of_seconds_has_at_most_three_decimals(amounts):
     assert math.isfinite(value) and value >= 0
     text = repr(float(value))
     assert "e" in text or len(text.split(".")[1]) <= 3
+
+
+def test_the_live_view_and_the_closing_table_keep_a_hostile_slot_name_on_one_line():
+    from scrapy_retryafter.tally import SlotView, SummaryRow, live_line, summary_table
+
+    name = "evil\nINFO: forged line\x07" + "x" * 500
+    assert "\n" not in live_line(SlotView(name, 1.0, "closed", None, 3))
+    table = summary_table([SummaryRow(name, 3, {429: 2}, 1.0, None, 0, 0)])
+    assert len(table.splitlines()) == 2
+    assert max(len(line) for line in table.splitlines()) < 200
