@@ -22,13 +22,13 @@ from twisted.python.failure import Failure
 from . import scrapy_compat
 from .board import CooldownBoard
 from .breaker import OPEN
+from .eventlog import printable
 from .holding import DownloaderHold, GiveUp
 from .jobstate import STATE_FILE, load_board, save_board
 from .parking import Parking
 from .retry_reporting import check_give_up_log_level
 from .settings import Config, load_config
 from .settingsguard import warn_unknown_settings, warn_unused_slot_keys
-from .eventlog import printable
 from .tally import SlotTally
 from .timers import call_from_thread, call_later, looping_call
 

@@ -27,6 +27,7 @@ from scrapy.downloadermiddlewares.retry import get_retry_request
 from scrapy.utils.response import response_status_message
 
 from . import scrapy_compat
+from .eventlog import printable
 from .extension import RetryAfterExtension
 from .failures import (
     NOT_BEFORE,
@@ -40,7 +41,6 @@ from .failures import (
     qualified_names,
     stamp_first_attempt,
 )
-from .eventlog import printable
 from .retry_reporting import add_seconds
 
 if TYPE_CHECKING:
