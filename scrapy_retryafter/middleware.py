@@ -139,7 +139,8 @@ class RetryAfterMiddleware:
             return
         slot = self.extension.slot_of(request)
         self.extension.tally.responded(slot)
-        self.events.answered(slot, self._sent_at(request))
+        if self.events.lines:  # a burst is open somewhere: this answer may close it
+            self.events.answered(slot, self._sent_at(request))
         policy = self.config.policy_for(slot)
         if slot in self.board and self.board.success(slot, policy.budget_token_ratio, policy.budget_max_tokens):
             self.events.circuit_closed(slot)

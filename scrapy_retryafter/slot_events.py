@@ -67,8 +67,7 @@ class SlotEvents:
 
     def answered(self, slot: str, sent_at: float) -> None:
         """A response that is no throttle: it may close the slot's open burst."""
-        if self.lines:
-            self._write(self.lines.answered(slot, sent_at))
+        self._write(self.lines.answered(slot, sent_at))
 
     def _write(self, lines: list[Line]) -> None:
         for message, args in lines:

@@ -44,6 +44,9 @@ async def test_a_burst_of_429s_answering_the_requests_on_the_wire_is_one_line_wi
     pacing = [i for i, m in enumerate(messages) if m.startswith("Pacing ")]
     assert pacing, "the throttle cut the pace: that is logged"
     assert pacing[0] > messages.index(throttled[0]), "the Pacing line comes after the throttle line that caused it"
+    # The pace climbs back after the cut, within the minute: no rise line yet.
+    assert crawler.stats.get_value("retry_after/paced_slots") == 1
+    assert [m for m in messages if "rising" in m] == []
 
 
 @pytest_twisted.ensureDeferred
