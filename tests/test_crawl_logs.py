@@ -106,3 +106,19 @@ async def test_nothing_is_left_on_disk_when_nothing_was_parked(server):
     assert crawler.stats.get_value("retry_after/parked") is None
     left = [os.path.relpath(os.path.join(root, name), folder) for root, dirs, files in os.walk(folder) for name in dirs + files]
     assert left == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_slot_name_with_a_newline_cannot_forge_a_log_line(server, caplog):
+    host = server.add_host(HostConfig(reject_first=2, penalty=0.2))
+    server.start()
+    slot = "evil\n2026-01-01 00:00:00 [scrapy.core.engine] INFO: Spider closed (finished)\x1b[2J"
+    requests = [Request(host.url(f"/e/{i}"), meta={"download_slot": slot}) for i in range(3)]
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        crawler = await crawl(requests, {**ADDON, "RETRY_AFTER_LOGSTATS_INTERVAL": 0.2})
+    assert crawler.stats.get_value("retry_after/throttled") >= 2
+    ours = [r.getMessage() for r in caplog.records if r.name.startswith(LOGGER)]
+    assert any(m.startswith("Throttled evil\\n2026") for m in ours), ours
+    table = [m for m in ours if m.startswith("Rate-limited slots")]
+    assert table and all(len(m.splitlines()) == 1 + 1 + 1 for m in table)  # title, header, one row
+    assert all("\n" not in m and "\x1b" not in m for m in ours if m not in table)
