@@ -111,15 +111,19 @@ def isolation_part() -> Any:
     return alone, b_done, a_pages, a_429
 
 
-@defer.inlineCallbacks
-def main() -> Any:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Read the arguments before the reactor runs: --help then exits at once."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--pages", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--limiter", choices=sorted(LIMITERS), default="bursty")
     parser.add_argument("--no-isolation", action="store_true")
     parser.add_argument("--only", choices=sorted(CONFIGS), help="run one configuration")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+@defer.inlineCallbacks
+def main(args: argparse.Namespace) -> Any:
     if args.only:
         for name in list(CONFIGS):
             if name != args.only:
@@ -164,7 +168,8 @@ def _main() -> None:
         import logging
 
         logging.basicConfig(level=os.environ["BENCH_LOG_LEVEL"], format="%(relativeCreated)7.0f %(name)s %(message)s")
-    run_until_done(main)
+    options = parse_args()
+    run_until_done(lambda: main(options))
 
 
 if __name__ == "__main__":

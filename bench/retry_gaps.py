@@ -69,11 +69,15 @@ def gaps(failure: str, strategy: str, urls: int) -> Any:
     return len(spider.fetched), inside, total, early, late
 
 
-@defer.inlineCallbacks
-def main() -> Any:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Read the arguments before the reactor runs: --help then exits at once."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--urls", type=int, default=10)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+@defer.inlineCallbacks
+def main(args: argparse.Namespace) -> Any:
     print(f"\n{args.urls} URLs failing {FAILURES} times each; base {BASE} s, cap {CAP} s, DOWNLOAD_TIMEOUT {TIMEOUT} s")
     print(f"| failure | strategy | pages | gaps inside bounds (+{DISPATCH} s) | earliest vs lower bound | latest vs upper bound |")
     print("|---|---|---|---|---|---|")
@@ -85,4 +89,5 @@ def main() -> Any:
 
 
 if __name__ == "__main__":
-    run_until_done(main)
+    options = parse_args()
+    run_until_done(lambda: main(options))

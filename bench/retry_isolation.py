@@ -67,13 +67,17 @@ def healthy_seconds(settings: dict[str, Any], failure: str, with_failing: bool, 
     return done, recovered
 
 
-@defer.inlineCallbacks
-def main() -> Any:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Read the arguments before the reactor runs: --help then exits at once."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--pages", type=int, default=400)
     parser.add_argument("--failure", default="502", help='"502", "reset" or "timeout"')
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+@defer.inlineCallbacks
+def main(args: argparse.Namespace) -> Any:
     yield healthy_seconds(CONFIGS["add-on (waits in the scheduler)"], args.failure, False, 50)  # warm-up
     alone: list[float] = []
     beside: dict[str, list[tuple[float, int]]] = {name: [] for name in CONFIGS}
@@ -94,4 +98,5 @@ def main() -> Any:
 
 
 if __name__ == "__main__":
-    run_until_done(main)
+    options = parse_args()
+    run_until_done(lambda: main(options))

@@ -8,26 +8,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 
+from .eventlog import printable
 from .parkfile import ParkFile, iso, read_log, summarize
-
-
-def printable(text: str, limit: int = 200) -> str:
-    """``text`` with control and other non-printing characters escaped, cut to ``limit``."""
-    out = []
-    for char in text[:limit]:
-        if char == "\\":
-            out.append("\\\\")
-        elif unicodedata.category(char)[0] in ("C", "Z") and char != " ":
-            out.append(char.encode("unicode_escape").decode("ascii"))
-        else:
-            out.append(char)
-    if len(text) > limit:
-        out.append("...")
-    return "".join(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from twisted.python.failure import Failure
 from . import scrapy_compat
 from .board import CooldownBoard
 from .breaker import OPEN
+from .eventlog import printable
 from .holding import DownloaderHold, GiveUp
 from .jobstate import STATE_FILE, load_board, save_board
 from .parking import Parking
@@ -169,7 +170,7 @@ class RetryAfterExtension:
         self.stats.inc_value("retry_after/redis/remote_cooldowns")
         logger.info(
             "Cooling %(slot)s %(wait).2fs: another crawler of the fleet was throttled (Redis board)",
-            {"slot": slot, "wait": seconds},
+            {"slot": printable(slot), "wait": seconds},
             extra={"spider": self.crawler.spider},
         )
         self.send_back(slot)
@@ -179,7 +180,7 @@ class RetryAfterExtension:
         logger.warning(
             "Refusing %(slot)s for %(wait).0fs: another crawler of the fleet cools it longer than "
             "RETRY_AFTER_MAX_DELAY here (Redis board); its requests are given up as over the cap",
-            {"slot": slot, "wait": seconds},
+            {"slot": printable(slot), "wait": seconds},
             extra={"spider": self.crawler.spider},
         )
 
@@ -187,7 +188,7 @@ class RetryAfterExtension:
         self.stats.inc_value(f"retry_after/redis/remote_circuit_{'opened' if opened else 'closed'}")
         logger.info(
             "Circuit %(what)s for %(slot)s by another crawler of the fleet (Redis board)",
-            {"what": "opened" if opened else "closed", "slot": slot},
+            {"what": "opened" if opened else "closed", "slot": printable(slot)},
             extra={"spider": self.crawler.spider},
         )
         if not opened:

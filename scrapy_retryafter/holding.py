@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from scrapy.exceptions import IgnoreRequest
 
+from .eventlog import printable
 from .parkrecord import iso
 from .policy import spider_handles
 from .retry_reporting import GIVE_UP_LEVEL_SETTING, give_up_log_level
@@ -95,7 +96,7 @@ class GiveUp:
             "Gave up %(request)s on %(slot)s after %(attempts)d %(unit)s%(status)s: %(reason)s%(fate)s",
             {
                 "request": request,
-                "slot": slot,
+                "slot": printable(slot),
                 "attempts": attempts,
                 "unit": unit,
                 "status": f" (last {status})" if status is not None else "",
@@ -123,7 +124,7 @@ class GiveUp:
             self.stats.inc_value("retry_after/park_failed")
             logger.error(
                 "Could not park %(request)s on %(slot)s in %(path)s (%(error)s): passed on to the spider (%(reason)s)",
-                {"request": request, "slot": slot, "path": self.parking.path, "error": error, "reason": detail},
+                {"request": request, "slot": printable(slot), "path": self.parking.path, "error": error, "reason": detail},
                 extra={"spider": self.crawler.spider},
             )
             return None

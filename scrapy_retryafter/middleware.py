@@ -29,7 +29,7 @@ from .holding import THROTTLES
 from .policy import Decision, SlotPolicy, decide
 from .quota import decide_quota, wants_window
 from .ratelimit import parse_ratelimit, parse_retry_after_ms, speaks_ratelimit
-from .retry_reporting import count_retry
+from .retry_reporting import add_seconds, count_retry
 from .slot_events import SlotEvents
 from .slotfloors import SlotFloors
 
@@ -139,17 +139,27 @@ class RetryAfterMiddleware:
             return
         slot = self.extension.slot_of(request)
         self.extension.tally.responded(slot)
+        if self.events.lines:  # a burst is open somewhere: this answer may close it
+            self.events.answered(slot, self._sent_at(request))
         policy = self.config.policy_for(slot)
         if slot in self.board and self.board.success(slot, policy.budget_token_ratio, policy.budget_max_tokens):
             self.events.circuit_closed(slot)
         if not self._watch_responses:
             return
-        if policy.adaptive and self.board.succeeded(slot):
-            self.extension.sooner(slot)
+        if policy.adaptive:
+            before = self.board.rate(slot)
+            if self.board.succeeded(slot):
+                self.extension.sooner(slot)
+            after = self.board.rate(slot)
+            if after is not None and before is not None and after > before:
+                self.events.pace_rose(slot, after)
         if policy.ratelimit_headers:
-            self._read_ratelimit(slot, policy, response)
+            self._read_ratelimit(slot, policy, response, request)
 
-    def _read_ratelimit(self, slot: str, policy: SlotPolicy, response: Response) -> None:
+    def _sent_at(self, request: Request) -> float:
+        return self.board.clock() - float(request.meta.get("download_latency") or 0.0)
+
+    def _read_ratelimit(self, slot: str, policy: SlotPolicy, response: Response, request: Request) -> None:
         if not speaks_ratelimit(response.headers):
             return
         facts = parse_ratelimit(response.headers.get, time.time())
@@ -175,11 +185,7 @@ class RetryAfterMiddleware:
             self.extension.tally.cooled(slot, added)
             self.stats.inc_value("retry_after/ratelimit_cooldowns")
             self.extension.send_back(slot)
-            logger.info(
-                "Quota of %(slot)s used up: cooling %(wait).2fs until its reset (RateLimit headers)",
-                {"slot": slot, "wait": decision.cooldown},
-                extra={"spider": self.crawler.spider},
-            )
+            self.events.quota_used(slot, self._sent_at(request), decision.cooldown, self._on_the_wire(slot))
 
     def _throttle(
         self, request: Request, response: Response, ban: str | None = None, ban_wait: float | None = None
@@ -214,7 +220,7 @@ class RetryAfterMiddleware:
             rng=self.rng,
             previous_wait=_number_or_none(request.meta.get(PREVIOUS_WAIT)),
         )
-        sent_at = self.board.clock() - float(request.meta.get("download_latency") or 0.0)
+        sent_at = self._sent_at(request)
         event = self.board.throttle(
             slot,
             sent_at,
@@ -225,23 +231,18 @@ class RetryAfterMiddleware:
             circuit_open_seconds=policy.circuit_open_seconds,
             refuse=decision.refuse,
         )
-        if event.rate_after is not None:
-            self.events.pace_cut(slot, event.rate_before, event.rate_after)
-        if event.opened:
-            self.events.circuit_opened(slot, policy)
         added = event.added
         self.stats.inc_value("retry_after/throttled")
         self.stats.inc_value(f"retry_after/throttled/{response.status}")
         if added:
-            self.stats.inc_value("retry_after/cooldown_seconds", round(added, 3))  # type: ignore[arg-type]  # stats sum seconds; Scrapy types them int
+            add_seconds(self.stats, "retry_after/cooldown_seconds", added)
         self.extension.tally.throttled(slot, response.status, added)
         self.extension.send_back(slot)
         retrying = decision.retry and not request.meta.get("dont_retry", False)
-        logger.info(
-            "Throttled %(slot)s: %(status)d on %(request)s, attempt %(attempt)d, "
-            "Retry-After %(header)r, cooling %(wait).2fs (%(reason)s)%(outcome)s",
+        self.events.throttled(
+            slot,
+            sent_at,
             {
-                "slot": slot,
                 "status": response.status,
                 "request": request,
                 "attempt": throttles,
@@ -250,8 +251,12 @@ class RetryAfterMiddleware:
                 "reason": decision.reason if ban is None else f"ban {ban!r}: {decision.reason}",
                 "outcome": "" if retrying else ", not retried",
             },
-            extra={"spider": self.crawler.spider},
+            self._on_the_wire(slot),
         )
+        if event.rate_after is not None:  # after the throttle line: a cut follows what caused it
+            self.events.pace_cut(slot, event.rate_before, event.rate_after)
+        if event.opened:
+            self.events.circuit_opened(slot, policy)
         self._decided[request] = decision
         return decision
 

@@ -34,6 +34,7 @@ from scrapy.exceptions import DontCloseSpider
 from scrapy.utils.project import data_path
 
 from . import parklock
+from .eventlog import printable
 from .parkfile import ParkFile, ParkFileError
 from .parkfold import MAX_LINE
 from .parkload import ParkLoader
@@ -323,6 +324,6 @@ class Parking:
         for request, slot, _, why, _, wait in held:
             logger.warning(
                 "Parked %(request)s on %(slot)s: the crawl closed while %(why)s; not before %(when)s",
-                {"request": request, "slot": slot, "why": why, "when": iso(time.time() + wait)},
+                {"request": request, "slot": printable(slot), "why": why, "when": iso(time.time() + wait)},
                 extra={"spider": self.crawler.spider},
             )

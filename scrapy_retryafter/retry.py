@@ -27,6 +27,7 @@ from scrapy.downloadermiddlewares.retry import get_retry_request
 from scrapy.utils.response import response_status_message
 
 from . import scrapy_compat
+from .eventlog import printable
 from .extension import RetryAfterExtension
 from .failures import (
     NOT_BEFORE,
@@ -40,6 +41,7 @@ from .failures import (
     qualified_names,
     stamp_first_attempt,
 )
+from .retry_reporting import add_seconds
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -226,13 +228,13 @@ class RetryMiddleware(ScrapyRetryMiddleware):
         retry.meta[NOT_BEFORE] = now + decision.wait
         retry.meta[PREVIOUS_WAIT] = decision.wait
         self._stats.inc_value("retry_after/backoff_retried")
-        self._stats.inc_value("retry_after/backoff_seconds", round(decision.wait, 3))  # type: ignore[arg-type]  # stats sum seconds; Scrapy types them int
+        add_seconds(self._stats, "retry_after/backoff_seconds", decision.wait)
         logger.info(
             "Retrying %(request)s on %(slot)s after %(failure)s, attempt %(attempt)d of %(max)d, "
             "waiting %(wait).2fs in the scheduler (%(reason)s)",
             {
                 "request": request,
-                "slot": slot,
+                "slot": printable(slot),
                 "failure": label,
                 "attempt": attempt,
                 "max": max_retries,
@@ -260,7 +262,7 @@ class RetryMiddleware(ScrapyRetryMiddleware):
             self._stats.inc_value("retry_after/not_retried")
             logger.info(
                 "Not retrying %(request)s on %(slot)s after %(failure)s: %(reason)s",
-                {"request": request, "slot": slot, "failure": label, "reason": decision.reason},
+                {"request": request, "slot": printable(slot), "failure": label, "reason": decision.reason},
                 extra={"spider": self.crawler.spider},
             )
             return None
@@ -282,11 +284,11 @@ class RetryMiddleware(ScrapyRetryMiddleware):
         if not added:
             return
         self._stats.inc_value("retry_after/host_down")
-        self._stats.inc_value("retry_after/cooldown_seconds", round(added, 3))  # type: ignore[arg-type]  # stats sum seconds; Scrapy types them int
+        add_seconds(self._stats, "retry_after/cooldown_seconds", added)
         self._retry_after.send_back(slot)
         logger.warning(
             "Host %(slot)s looks down: %(count)d connection failures in a row (last %(error)s), "
             "pausing the slot %(wait).2fs",
-            {"slot": slot, "count": count, "error": type(exception).__name__, "wait": self._board.remaining(slot)},
+            {"slot": printable(slot), "count": count, "error": type(exception).__name__, "wait": self._board.remaining(slot)},
             extra={"spider": self.crawler.spider},
         )

@@ -15,6 +15,7 @@ support for the setting is passed in), so the table tests need no crawl.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -25,6 +26,7 @@ from scrapy.utils.response import response_status_message
 from .settings import RetryAfterSettingError
 
 __all__ = [
+    "add_seconds",
     "GIVE_UP_LEVEL_SETTING",
     "SCRAPY_HAS_GIVE_UP_LEVEL",
     "check_give_up_log_level",
@@ -44,6 +46,28 @@ SCRAPY_HAS_GIVE_UP_LEVEL: bool = hasattr(default_settings, GIVE_UP_LEVEL_SETTING
 
 class Stats(Protocol):
     def inc_value(self, key: str, count: int = 1, start: int = 0) -> None: ...
+
+
+class SecondsStats(Protocol):
+    def get_value(self, key: str, default: Any = None) -> Any: ...
+    def set_value(self, key: str, value: Any) -> None: ...
+
+
+def add_seconds(stats: SecondsStats, key: str, seconds: float) -> None:
+    """Add ``seconds`` to a stat that sums seconds, counted in whole milliseconds.
+
+    Summing floats leaves noise in the dump (``5.0440000000000005``): the sum
+    is kept as an integer count of milliseconds and stored as ``ms / 1000``,
+    whose repr never has more than three decimals. A negative, NaN or
+    infinite amount adds nothing; a stored value that is not a number
+    (another extension's) is left alone.
+    """
+    if not math.isfinite(seconds) or seconds <= 0:
+        return
+    current = stats.get_value(key, 0)
+    if isinstance(current, bool) or not isinstance(current, (int, float)) or not math.isfinite(current):
+        return
+    stats.set_value(key, (round(current * 1000) + round(seconds * 1000)) / 1000)
 
 
 def stock_reason(reason: int | str | BaseException | type[BaseException]) -> str:

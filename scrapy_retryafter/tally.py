@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from .breaker import CLOSED
+from .eventlog import printable
 
 __all__ = ["SlotTally", "SlotView", "SummaryRow", "live_line", "live_lines", "summary_rows", "summary_table"]
 
@@ -105,7 +106,7 @@ def live_line(view: SlotView) -> str:
     parts.append(f"{view.held} request{'s' if view.held != 1 else ''} held")
     if view.parked:
         parts.append(f"{view.parked} parked")
-    return f"{view.slot}: {', '.join(parts)}"
+    return f"{printable(view.slot)}: {', '.join(parts)}"
 
 
 def live_lines(views: Iterable[SlotView], limit: int = MAX_LINES) -> list[str]:
@@ -156,7 +157,7 @@ def summary_table(rows: list[SummaryRow], limit: int = MAX_LINES) -> str:
     rows = rows[:limit]
     cells = [_HEADER] + [
         (
-            row.slot,
+            printable(row.slot, 60),
             str(row.responses),
             " ".join(f"{status}x{count}" for status, count in row.throttles.items()) or "-",
             f"{row.cooldown:.1f}",
