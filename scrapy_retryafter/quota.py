@@ -9,7 +9,10 @@ pace and a cooldown are here, pure, so that a table tests them:
   on the wire;
 - never cool past the cap (RETRY_AFTER_MAX_DELAY): such a reset is skipped;
 - never pace slower than one request per cap: such a quota is a refusal
-  until its reset (cooled when the reset is within the cap, refused past it).
+  until its reset (cooled when the reset is within the cap, refused past it);
+- but first, a quota is a budget (budget.py): when what is left covers what
+  the slot still wants before the reset, none of the above applies and the
+  slot sends at its own pace (``budget_quota``).
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .budget import spend
 from .ratelimit import MAX_RESET, RateLimitFacts, quota_pace
 
-__all__ = ["QuotaDecision", "QuotaWindows", "decide_quota", "wants_window"]
+__all__ = ["QuotaDecision", "QuotaWindows", "budget_covers", "budget_quota", "decide_quota", "wants_window"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,8 @@ class QuotaDecision:
     """The quota is spent but its reset is past the cap: not cooled."""
     refuse: float = 0.0
     """Seconds to refuse the slot: its quota is slower than one request per cap, and resets past the cap."""
+    free: bool = False
+    """What is left covers what the slot wants before the reset: no pace from the quota (own pace)."""
 
 
 def wants_window(facts: RateLimitFacts) -> bool:
@@ -63,6 +69,37 @@ def decide_quota(facts: RateLimitFacts, window: float | None, on_the_wire: int, 
     if facts.reset > max_delay:
         return QuotaDecision(rate, 0.0, past_cap=True)
     return QuotaDecision(rate, facts.reset)
+
+
+def budget_covers(facts: RateLimitFacts, on_the_wire: int, wanted: int | None) -> bool:
+    """Whether what is left of the quota covers what the slot still wants before its reset (budget.py).
+
+    ``wanted``: the slot's requests not yet sent, None when more may come
+    that nobody counted (the start requests are still being read). A
+    remainder above the stated limit is read as the limit: a server that says
+    "a billion left of 10" is not trusted with a burst it never offered.
+    """
+    remaining, reset = facts.remaining, facts.reset
+    if remaining is None or not reset or facts.invalid:
+        return False
+    if facts.quota:
+        remaining = min(remaining, facts.quota)
+    budget = spend(remaining, reset, on_the_wire, quota=facts.quota, wanted=wanted)
+    return budget.pace is None and not budget.wait
+
+
+def budget_quota(
+    facts: RateLimitFacts, window: float | None, on_the_wire: int, max_delay: float, *, wanted: int | None = None
+) -> QuotaDecision:
+    """``decide_quota``, with the quota spent as a budget first: no pace at all while it covers ``wanted``.
+
+    The slot's own learned pace is not passed to ``spend``: a pace the quota
+    sets on a slot that learned one is the lower of the two (``announced``),
+    which is what ``spend`` would choose.
+    """
+    if budget_covers(facts, on_the_wire, wanted):
+        return QuotaDecision(None, 0.0, free=True)
+    return decide_quota(facts, window, on_the_wire, max_delay)
 
 
 class QuotaWindows:
