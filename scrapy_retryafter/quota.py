@@ -17,6 +17,7 @@ pace and a cooldown are here, pure, so that a table tests them:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -79,12 +80,14 @@ def budget_covers(facts: RateLimitFacts, on_the_wire: int, wanted: int | None) -
     remainder above the stated limit is read as the limit: a server that says
     "a billion left of 10" is not trusted with a burst it never offered.
     """
-    remaining, reset = facts.remaining, facts.reset
-    if remaining is None or not reset or facts.invalid:
-        return False
-    if facts.quota:
-        remaining = min(remaining, facts.quota)
-    budget = spend(remaining, reset, on_the_wire, quota=facts.quota, wanted=wanted)
+    remaining, reset, quota = facts.remaining, facts.reset, facts.quota
+    if facts.invalid or remaining is None or reset is None or not 0.0 < reset <= MAX_RESET:
+        return False  # a NaN, infinite or past reset says nothing about the time left
+    if quota is not None and math.isfinite(quota) and quota > 0:
+        remaining = min(remaining, quota)
+    else:
+        quota = None
+    budget = spend(remaining, reset, on_the_wire, quota=quota, wanted=wanted)
     return budget.pace is None and not budget.wait
 
 

@@ -29,10 +29,16 @@ _MOST = 10_000
 class QuotaRecheck:
     """Slots whose quota was spread while their demand was unknown, with the facts last read."""
 
-    def __init__(self, decide: Callable[[str, RateLimitFacts], bool], clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        decide: Callable[[str, RateLimitFacts], bool],
+        clock: Callable[[], float],
+        later: Callable[[float, Callable[[], object]], Any] = call_later,
+    ) -> None:
         self._decide = decide
-        """Decide ``slot`` again on these facts; True when it is settled (the demand was known)."""
+        """Decide ``slot`` again on these facts, their reset aged; True once settled (the demand was known)."""
         self._clock = clock
+        self._later = later
         self._pending: dict[str, tuple[RateLimitFacts, float]] = {}
         self._timer: Any = None
 
@@ -44,7 +50,7 @@ class QuotaRecheck:
             self._pending.clear()
         self._pending[slot] = (facts, self._clock())
         if self._timer is None:
-            self._timer = call_later(AGAIN, self._look)
+            self._timer = self._later(AGAIN, self._look)
 
     def settled(self, slot: str) -> None:
         self._pending.pop(slot, None)
@@ -63,4 +69,4 @@ class QuotaRecheck:
             if reset <= 0 or self._decide(slot, dataclasses.replace(facts, reset=reset)):
                 self._pending.pop(slot, None)
         if self._pending:
-            self._timer = call_later(AGAIN, self._look)
+            self._timer = self._later(AGAIN, self._look)
