@@ -72,7 +72,9 @@ class RetryAfterMiddleware:
         )
         self._ban_rules = load_ban_rules(crawler.settings.get)  # validated by load_config already
         self.floors: SlotFloors | None = None
-        self._recheck = QuotaRecheck(self._budget_again, time.monotonic)
+        self._recheck = QuotaRecheck(
+            self._budget_again, time.monotonic, known=lambda: not scrapy_compat.start_pending(crawler)
+        )
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -165,7 +167,7 @@ class RetryAfterMiddleware:
         window = self.board.quota_window(slot, reset_at) if reset_at is not None and wants_window(facts) else None
         wanted = self._wanted(slot)
         decision = budget_quota(facts, window, self._on_the_wire(slot), policy.max_delay, wanted=wanted)
-        if wanted is None and not decision.free:
+        if wanted is None and not decision.free and self.extension.queue_holds_slots:
             self._recheck.pending(slot, facts)
         else:
             self._recheck.settled(slot)
@@ -280,7 +282,7 @@ class RetryAfterMiddleware:
         """A quota spread while the demand was unknown, decided again (quotarecheck.py): True once known."""
         wanted = self._wanted(slot)
         if wanted is None:
-            return scrapy_compat.engine_of(self.crawler) is None
+            return True  # the start is read, so the demand cannot be counted at all (no cooldown-aware queue)
         if budget_covers(facts, self._on_the_wire(slot), wanted):
             self._free_quota(slot)
         return True

@@ -22,7 +22,7 @@ __all__ = ["AGAIN", "QuotaRecheck"]
 
 AGAIN = 0.25
 """Seconds between looks: reading a start request takes a turn of the event loop."""
-_MOST = 10_000
+_MOST = 1_000
 """Slots kept at most: a broad crawl starts over rather than grow."""
 
 
@@ -34,11 +34,15 @@ class QuotaRecheck:
         decide: Callable[[str, RateLimitFacts], bool],
         clock: Callable[[], float],
         later: Callable[[float, Callable[[], object]], Any] = call_later,
+        known: Callable[[], bool] = lambda: True,
     ) -> None:
         self._decide = decide
         """Decide ``slot`` again on these facts, their reset aged; True once settled (the demand was known)."""
         self._clock = clock
         self._later = later
+        self._known = known
+        """Whether the crawl can count its demand at all now: while not, a look decides nothing
+        (a broad crawl reading a long start list keeps many slots here)."""
         self._pending: dict[str, tuple[RateLimitFacts, float]] = {}
         self._timer: Any = None
 
@@ -64,7 +68,7 @@ class QuotaRecheck:
     def _look(self) -> None:
         self._timer = None
         now = self._clock()
-        for slot, (facts, at) in list(self._pending.items()):
+        for slot, (facts, at) in list(self._pending.items()) if self._known() else ():
             reset = (facts.reset or 0.0) - (now - at)
             if reset <= 0 or self._decide(slot, dataclasses.replace(facts, reset=reset)):
                 self._pending.pop(slot, None)

@@ -162,12 +162,16 @@ def test_a_slot_spread_while_its_demand_was_unknown_is_decided_again_until_known
         decided.append((slot, facts.reset))
         return known[slot]
 
-    recheck = QuotaRecheck(decide, clock, later=timers.later)
+    start_read = {"done": False}
+    recheck = QuotaRecheck(decide, clock, later=timers.later, known=lambda: start_read["done"])
     recheck.pending("a", F(remaining=59, reset=3000.0, quota=60))
     recheck.pending("a", F(remaining=58, reset=2999.0, quota=60))  # the latest facts win; one timer
     assert len(timers.due) == 1
     timers.run(AGAIN)
-    assert decided == [("a", pytest.approx(2999.0 - AGAIN))]
+    assert decided == [] and len(timers.due) == 1  # the start still read: nothing decided, looks again
+    start_read["done"] = True
+    timers.run(AGAIN)
+    assert decided == [("a", pytest.approx(2999.0 - 2 * AGAIN))]
     known["a"] = True
     timers.run(AGAIN)
     assert len(decided) == 2 and len(recheck) == 0 and not timers.due
