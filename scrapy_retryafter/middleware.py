@@ -27,9 +27,9 @@ from .failures import PREVIOUS_WAIT, past_deadline, stamp_first_attempt
 from .headers import parse_retry_after
 from .holding import THROTTLES
 from .policy import Decision, SlotPolicy, decide
-from .quota import budget_covers, budget_quota, wants_window
-from .quotarecheck import QuotaRecheck
-from .ratelimit import RateLimitFacts, parse_ratelimit, parse_retry_after_ms, speaks_ratelimit
+from .quota import wants_window
+from .quotarecheck import QuotaBudget
+from .ratelimit import parse_ratelimit, parse_retry_after_ms, speaks_ratelimit
 from .retry_reporting import count_retry
 from .slot_events import SlotEvents
 from .slotfloors import SlotFloors
@@ -72,9 +72,7 @@ class RetryAfterMiddleware:
         )
         self._ban_rules = load_ban_rules(crawler.settings.get)  # validated by load_config already
         self.floors: SlotFloors | None = None
-        self._recheck = QuotaRecheck(
-            self._budget_again, time.monotonic, known=lambda: not scrapy_compat.start_pending(crawler)
-        )
+        self._budget = QuotaBudget(crawler, extension, self._on_the_wire)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -87,7 +85,6 @@ class RetryAfterMiddleware:
         crawler.signals.connect(middleware.events.check_neighbours, signal=signals.spider_opened)
         crawler.signals.connect(middleware.events.check_all_retries, signal=signals.spider_opened)
         crawler.signals.connect(middleware._response_downloaded, signal=signals.response_downloaded)
-        crawler.signals.connect(middleware._recheck.close, signal=signals.spider_closed)
         return middleware
 
     def process_request(
@@ -164,15 +161,12 @@ class RetryAfterMiddleware:
             self.stats.inc_value("retry_after/ratelimit_invalid")
             return
         reset_at = facts.reset_at
-        window = self.board.quota_window(slot, reset_at) if reset_at is not None and wants_window(facts) else None
-        wanted = self._wanted(slot)
-        decision = budget_quota(facts, window, self._on_the_wire(slot), policy.max_delay, wanted=wanted)
-        if wanted is None and not decision.free and self.extension.queue_holds_slots:
-            self._recheck.pending(slot, facts)
-        else:
-            self._recheck.settled(slot)
+        window = None
+        if reset_at is not None and wants_window(facts):
+            window = self.board.quota_window(slot, reset_at, facts.remaining, facts.quota)
+        moving = window is not None and self.board.quota_windows.moving(slot)
+        decision = self._budget.decide(slot, facts, window, policy.max_delay, moving=moving)
         if decision.free:
-            self._free_quota(slot)
             return
         if decision.refuse:
             self.board.refuse(slot, decision.refuse)
@@ -271,27 +265,6 @@ class RetryAfterMiddleware:
     def _on_the_wire(self, slot: str) -> int:
         """Requests of ``slot`` sent besides this one: they spend the quota left too."""
         return max(0, scrapy_compat.transferring(self.crawler, slot) - 1)
-
-    def _free_quota(self, slot: str) -> None:
-        if self.board.free_quota(slot):
-            self.stats.inc_value("retry_after/quota_budget_freed")
-            self.extension.sooner(slot)
-            self.extension.nudge_engine()
-
-    def _budget_again(self, slot: str, facts: RateLimitFacts) -> bool:
-        """A quota spread while the demand was unknown, decided again (quotarecheck.py): True once known."""
-        wanted = self._wanted(slot)
-        if wanted is None:
-            return True  # the start is read, so the demand cannot be counted at all (no cooldown-aware queue)
-        if budget_covers(facts, self._on_the_wire(slot), wanted):
-            self._free_quota(slot)
-        return True
-
-    def _wanted(self, slot: str) -> int | None:
-        """Requests of ``slot`` still to send, None while more may come uncounted (budget.py)."""
-        if not self.extension.queue_holds_slots or scrapy_compat.start_pending(self.crawler):
-            return None
-        return self.extension.held(slot) + scrapy_compat.queued_in_downloader(self.crawler, slot)
 
     def _announced_wait(self, response: Response) -> float | None:
         """Without Retry-After, the wait the other rate-limit headers announce."""

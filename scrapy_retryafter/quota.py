@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from .budget import spend
 from .ratelimit import MAX_RESET, RateLimitFacts, quota_pace
 
+_MOVING_EVIDENCE = 2
+"""Steps of the reset that must agree before a quota's window is read as moving (or fixed again)."""
+
 __all__ = ["QuotaDecision", "QuotaWindows", "budget_covers", "budget_quota", "decide_quota", "wants_window"]
 
 
@@ -46,12 +49,17 @@ def wants_window(facts: RateLimitFacts) -> bool:
     return facts.rate is None and bool(facts.quota) and facts.reset_at is not None
 
 
-def decide_quota(facts: RateLimitFacts, window: float | None, on_the_wire: int, max_delay: float) -> QuotaDecision:
+def decide_quota(
+    facts: RateLimitFacts, window: float | None, on_the_wire: int, max_delay: float, *, moving: bool = False
+) -> QuotaDecision:
     """The pace and cooldown ``facts`` call for.
 
     ``window`` is the learnt window (``QuotaWindows``) when ``wants_window``;
     ``on_the_wire`` counts the slot's other requests already sent, which
-    spend what is left too.
+    spend what is left too. ``moving``: the window reads as a moving one
+    (``QuotaWindows.moving``); there "none left" at the quota's pace is the
+    steady state, and the next hit is free when the oldest leaves, not at a
+    reset rounded up to whole seconds: the pace is kept, no cooldown.
     """
     rate = facts.rate
     if rate is None and facts.quota and window:
@@ -66,6 +74,8 @@ def decide_quota(facts: RateLimitFacts, window: float | None, on_the_wire: int, 
             return QuotaDecision(None, 0.0, past_cap=True, refuse=facts.reset)
         return QuotaDecision(None, facts.reset)
     if facts.remaining is None or facts.remaining > on_the_wire or not facts.reset:
+        return QuotaDecision(rate, 0.0)
+    if moving and window and rate is not None:
         return QuotaDecision(rate, 0.0)
     if facts.reset > max_delay:
         return QuotaDecision(rate, 0.0, past_cap=True)
@@ -92,7 +102,13 @@ def budget_covers(facts: RateLimitFacts, on_the_wire: int, wanted: int | None) -
 
 
 def budget_quota(
-    facts: RateLimitFacts, window: float | None, on_the_wire: int, max_delay: float, *, wanted: int | None = None
+    facts: RateLimitFacts,
+    window: float | None,
+    on_the_wire: int,
+    max_delay: float,
+    *,
+    wanted: int | None = None,
+    moving: bool = False,
 ) -> QuotaDecision:
     """``decide_quota``, with the quota spent as a budget first: no pace at all while it covers ``wanted``.
 
@@ -102,7 +118,7 @@ def budget_quota(
     """
     if budget_covers(facts, on_the_wire, wanted):
         return QuotaDecision(None, 0.0, free=True)
-    return decide_quota(facts, window, on_the_wire, max_delay)
+    return decide_quota(facts, window, on_the_wire, max_delay, moving=moving)
 
 
 class QuotaWindows:
@@ -119,8 +135,8 @@ class QuotaWindows:
 
     def __init__(self, most: int = 10_000) -> None:
         self.most = most
-        self._seen: dict[str, tuple[float, float, float]] = {}
-        """Slot -> (latest reset epoch, window, when last seen on the board's clock)."""
+        self._seen: dict[str, tuple[float, float, float, int]] = {}
+        """Slot -> (latest reset epoch, window, when last seen on the board's clock, moving score)."""
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -131,18 +147,29 @@ class QuotaWindows:
     def __iter__(self) -> Iterator[str]:
         return iter(self._seen)
 
-    def window(self, slot: str, reset_at: float, now: float) -> float | None:
-        previous, window, _ = self._seen.get(slot, (reset_at, 0.0, now))
+    def window(
+        self, slot: str, reset_at: float, now: float, remaining: float | None = None, quota: float | None = None
+    ) -> float | None:
+        previous, window, _, score = self._seen.get(slot, (reset_at, 0.0, now, 0))
         if reset_at > previous:
             window = min(reset_at - previous, MAX_RESET)  # resets far apart: still at most a week
+            if remaining is not None and quota:
+                # A fixed window refills when its reset moves on; a moving one (the reset is when
+                # the oldest hit leaves) still holds the hits of the last window: little is left.
+                score = max(-_MOVING_EVIDENCE, min(_MOVING_EVIDENCE, score + (1 if remaining < quota / 2 else -1)))
         elif slot not in self._seen and len(self._seen) >= self.most:
             self._seen.clear()  # a broad crawl between sweeps: start over rather than grow
-        self._seen[slot] = (max(previous, reset_at), window, now)
+        self._seen[slot] = (max(previous, reset_at), window, now, score)
         return window or None
+
+    def moving(self, slot: str) -> bool:
+        """Whether the slot's quota reads as a moving window: its "none left" is when the oldest hit leaves."""
+        entry = self._seen.get(slot)
+        return entry is not None and entry[3] > 0
 
     def prune(self, before: float) -> int:
         """Forget the slots last seen before ``before``; return how many."""
-        stale = [slot for slot, (_, _, seen) in self._seen.items() if seen < before]
+        stale = [slot for slot, (_, _, seen, _) in self._seen.items() if seen < before]
         for slot in stale:
             del self._seen[slot]
         return len(stale)
