@@ -274,6 +274,15 @@ class CooldownBoard(SlotTable):
         state.pace.announced(rate)
         state.last_seen = self.clock()
 
+    def free_quota(self, slot: str) -> bool:
+        """What is left of the stated quota covers what ``slot`` wants: drop the pace it set (True if it had one)."""
+        state = self._slots.get(slot)
+        if state is None or state.pace is None or state.pace.ceiling == math.inf:
+            return False
+        state.pace = state.pace.unannounced()
+        state.next_paced = min(state.next_paced, self.clock())
+        return True
+
     def share(self, slot: str) -> float:
         """How many senders split the slot's pace: one here; a fleet board counts its processes."""
         return 1.0

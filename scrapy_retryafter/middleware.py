@@ -27,7 +27,8 @@ from .failures import PREVIOUS_WAIT, past_deadline, stamp_first_attempt
 from .headers import parse_retry_after
 from .holding import THROTTLES
 from .policy import Decision, SlotPolicy, decide
-from .quota import decide_quota, wants_window
+from .quota import wants_window
+from .quotarecheck import QuotaBudget
 from .ratelimit import parse_ratelimit, parse_retry_after_ms, speaks_ratelimit
 from .retry_reporting import add_seconds, count_retry
 from .slot_events import SlotEvents
@@ -71,6 +72,7 @@ class RetryAfterMiddleware:
         )
         self._ban_rules = load_ban_rules(crawler.settings.get)  # validated by load_config already
         self.floors: SlotFloors | None = None
+        self._budget = QuotaBudget(crawler, extension, self._on_the_wire)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -169,8 +171,13 @@ class RetryAfterMiddleware:
             self.stats.inc_value("retry_after/ratelimit_invalid")
             return
         reset_at = facts.reset_at
-        window = self.board.quota_window(slot, reset_at) if reset_at is not None and wants_window(facts) else None
-        decision = decide_quota(facts, window, self._on_the_wire(slot), policy.max_delay)
+        window = None
+        if reset_at is not None and wants_window(facts):
+            window = self.board.quota_window(slot, reset_at, facts.remaining, facts.quota)
+        moving = window is not None and self.board.quota_windows.moving(slot)
+        decision = self._budget.decide(slot, facts, window, policy.max_delay, moving=moving)
+        if decision.free:
+            return
         if decision.refuse:
             self.board.refuse(slot, decision.refuse)
         rate = decision.rate

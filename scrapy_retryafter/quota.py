@@ -9,17 +9,25 @@ pace and a cooldown are here, pure, so that a table tests them:
   on the wire;
 - never cool past the cap (RETRY_AFTER_MAX_DELAY): such a reset is skipped;
 - never pace slower than one request per cap: such a quota is a refusal
-  until its reset (cooled when the reset is within the cap, refused past it).
+  until its reset (cooled when the reset is within the cap, refused past it);
+- but first, a quota is a budget (budget.py): when what is left covers what
+  the slot still wants before the reset, none of the above applies and the
+  slot sends at its own pace (``budget_quota``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .budget import spend
 from .ratelimit import MAX_RESET, RateLimitFacts, quota_pace
 
-__all__ = ["QuotaDecision", "QuotaWindows", "decide_quota", "wants_window"]
+_MOVING_EVIDENCE = 2
+"""Steps of the reset that must agree before a quota's window is read as moving (or fixed again)."""
+
+__all__ = ["QuotaDecision", "QuotaWindows", "budget_covers", "budget_quota", "decide_quota", "wants_window"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,8 @@ class QuotaDecision:
     """The quota is spent but its reset is past the cap: not cooled."""
     refuse: float = 0.0
     """Seconds to refuse the slot: its quota is slower than one request per cap, and resets past the cap."""
+    free: bool = False
+    """What is left covers what the slot wants before the reset: no pace from the quota (own pace)."""
 
 
 def wants_window(facts: RateLimitFacts) -> bool:
@@ -39,12 +49,17 @@ def wants_window(facts: RateLimitFacts) -> bool:
     return facts.rate is None and bool(facts.quota) and facts.reset_at is not None
 
 
-def decide_quota(facts: RateLimitFacts, window: float | None, on_the_wire: int, max_delay: float) -> QuotaDecision:
+def decide_quota(
+    facts: RateLimitFacts, window: float | None, on_the_wire: int, max_delay: float, *, moving: bool = False
+) -> QuotaDecision:
     """The pace and cooldown ``facts`` call for.
 
     ``window`` is the learnt window (``QuotaWindows``) when ``wants_window``;
     ``on_the_wire`` counts the slot's other requests already sent, which
-    spend what is left too.
+    spend what is left too. ``moving``: the window reads as a moving one
+    (``QuotaWindows.moving``); there "none left" at the quota's pace is the
+    steady state, and the next hit is free when the oldest leaves, not at a
+    reset rounded up to whole seconds: the pace is kept, no cooldown.
     """
     rate = facts.rate
     if rate is None and facts.quota and window:
@@ -60,9 +75,50 @@ def decide_quota(facts: RateLimitFacts, window: float | None, on_the_wire: int, 
         return QuotaDecision(None, facts.reset)
     if facts.remaining is None or facts.remaining > on_the_wire or not facts.reset:
         return QuotaDecision(rate, 0.0)
+    if moving and window and rate is not None:
+        return QuotaDecision(rate, 0.0)
     if facts.reset > max_delay:
         return QuotaDecision(rate, 0.0, past_cap=True)
     return QuotaDecision(rate, facts.reset)
+
+
+def budget_covers(facts: RateLimitFacts, on_the_wire: int, wanted: int | None) -> bool:
+    """Whether what is left of the quota covers what the slot still wants before its reset (budget.py).
+
+    ``wanted``: the slot's requests not yet sent, None when more may come
+    that nobody counted (the start requests are still being read). A
+    remainder above the stated limit is read as the limit: a server that says
+    "a billion left of 10" is not trusted with a burst it never offered.
+    """
+    remaining, reset, quota = facts.remaining, facts.reset, facts.quota
+    if facts.invalid or remaining is None or reset is None or not 0.0 < reset <= MAX_RESET:
+        return False  # a NaN, infinite or past reset says nothing about the time left
+    if quota is not None and math.isfinite(quota) and quota > 0:
+        remaining = min(remaining, quota)
+    else:
+        quota = None
+    budget = spend(remaining, reset, on_the_wire, quota=quota, wanted=wanted)
+    return budget.pace is None and not budget.wait
+
+
+def budget_quota(
+    facts: RateLimitFacts,
+    window: float | None,
+    on_the_wire: int,
+    max_delay: float,
+    *,
+    wanted: int | None = None,
+    moving: bool = False,
+) -> QuotaDecision:
+    """``decide_quota``, with the quota spent as a budget first: no pace at all while it covers ``wanted``.
+
+    The slot's own learned pace is not passed to ``spend``: a pace the quota
+    sets on a slot that learned one is the lower of the two (``announced``),
+    which is what ``spend`` would choose.
+    """
+    if budget_covers(facts, on_the_wire, wanted):
+        return QuotaDecision(None, 0.0, free=True)
+    return decide_quota(facts, window, on_the_wire, max_delay, moving=moving)
 
 
 class QuotaWindows:
@@ -79,8 +135,8 @@ class QuotaWindows:
 
     def __init__(self, most: int = 10_000) -> None:
         self.most = most
-        self._seen: dict[str, tuple[float, float, float]] = {}
-        """Slot -> (latest reset epoch, window, when last seen on the board's clock)."""
+        self._seen: dict[str, tuple[float, float, float, int]] = {}
+        """Slot -> (latest reset epoch, window, when last seen on the board's clock, moving score)."""
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -91,18 +147,29 @@ class QuotaWindows:
     def __iter__(self) -> Iterator[str]:
         return iter(self._seen)
 
-    def window(self, slot: str, reset_at: float, now: float) -> float | None:
-        previous, window, _ = self._seen.get(slot, (reset_at, 0.0, now))
+    def window(
+        self, slot: str, reset_at: float, now: float, remaining: float | None = None, quota: float | None = None
+    ) -> float | None:
+        previous, window, _, score = self._seen.get(slot, (reset_at, 0.0, now, 0))
         if reset_at > previous:
             window = min(reset_at - previous, MAX_RESET)  # resets far apart: still at most a week
+            if remaining is not None and quota:
+                # A fixed window refills when its reset moves on; a moving one (the reset is when
+                # the oldest hit leaves) still holds the hits of the last window: little is left.
+                score = max(-_MOVING_EVIDENCE, min(_MOVING_EVIDENCE, score + (1 if remaining < quota / 2 else -1)))
         elif slot not in self._seen and len(self._seen) >= self.most:
             self._seen.clear()  # a broad crawl between sweeps: start over rather than grow
-        self._seen[slot] = (max(previous, reset_at), window, now)
+        self._seen[slot] = (max(previous, reset_at), window, now, score)
         return window or None
+
+    def moving(self, slot: str) -> bool:
+        """Whether the slot's quota reads as a moving window: its "none left" is when the oldest hit leaves."""
+        entry = self._seen.get(slot)
+        return entry is not None and entry[3] > 0
 
     def prune(self, before: float) -> int:
         """Forget the slots last seen before ``before``; return how many."""
-        stale = [slot for slot, (_, _, seen) in self._seen.items() if seen < before]
+        stale = [slot for slot, (_, _, seen, _) in self._seen.items() if seen < before]
         for slot in stale:
             del self._seen[slot]
         return len(stale)

@@ -315,6 +315,15 @@ class RateController:
         # Never throttled: follow the server. Throttled: the learned rate may only drop.
         self.rate = rate if not self.last_cut or not self.rate else min(self.rate, rate)
 
+    def unannounced(self) -> RateController | None:
+        """The stated quota no longer binds (its budget covers what is wanted): None when only it
+        paced the slot; else the learned pace, uncapped, at no less than its last cut would give."""
+        if not self.last_cut:
+            return None
+        self.ceiling = math.inf
+        self.rate = max(self.rate, self.peak * self.beta)
+        return self
+
     def restored(self, rate: float, now: float) -> None:
         """Resume at a rate saved with a paused job, probing above it only slowly."""
         self.rate = max(self.min_rate, rate)

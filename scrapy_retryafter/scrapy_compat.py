@@ -33,9 +33,11 @@ __all__ = [
     "nudge_engine",
     "scheduler_state_file",
     "path_safe",
+    "queued_in_downloader",
     "set_last_selected",
     "slot_key",
     "slot_load",
+    "start_pending",
     "take_queued",
     "transferring",
 ]
@@ -104,6 +106,19 @@ def transferring(crawler: Crawler, slot: str) -> int:
     """``Slot.transferring`` (2.13-2.19): how many of ``slot``'s requests are on the wire."""
     downloader_slot = downloader_slots(crawler).get(slot)
     return len(downloader_slot.transferring) if downloader_slot is not None else 0
+
+
+def queued_in_downloader(crawler: Crawler, slot: str) -> int:
+    """``len(Slot.queue)`` (2.13-2.19): ``slot``'s requests in the downloader, not on the wire yet."""
+    downloader_slot = downloader_slots(crawler).get(slot)
+    return len(downloader_slot.queue) if downloader_slot is not None else 0
+
+
+def start_pending(crawler: Crawler) -> bool:
+    """``ExecutionEngine._start`` (2.13-2.19, None once Spider.start() is read to its end): True while
+    start requests may still come, or when this cannot be told (a renamed attribute reads as pending)."""
+    engine = engine_of(crawler)
+    return engine is None or getattr(engine, "_start", True) is not None
 
 
 def take_queued(crawler: Crawler, slot: str) -> list[tuple[Any, Any]]:

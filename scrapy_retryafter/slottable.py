@@ -51,9 +51,11 @@ class SlotTable:
         """Count a failed connection to ``slot``; return how many in a row."""
         return self.streaks.failed(slot, self.clock())
 
-    def quota_window(self, slot: str, reset_at: float) -> float | None:
+    def quota_window(
+        self, slot: str, reset_at: float, remaining: float | None = None, quota: float | None = None
+    ) -> float | None:
         """The window of ``slot``'s quota, learnt from how far its reset epoch moves on."""
-        return self.quota_windows.window(slot, reset_at, self.clock())
+        return self.quota_windows.window(slot, reset_at, self.clock(), remaining, quota)
 
     def _done(self, state: SlotState, now: float) -> bool:
         if now < state.wake_end or now < state.refuse_until or now < state.cooldown_until:

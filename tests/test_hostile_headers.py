@@ -283,3 +283,70 @@ def test_a_date_header_of_1970_is_not_trusted(crawl):
     slot, _, _ = crawl.respond(429, [("Retry-After", _http_date(5)), ("Date", b"Thu, 01 Jan 1970 00:00:00 GMT")])
     assert crawl.board.refused(slot) == 0.0
     assert 0 < crawl.board.remaining(slot) <= 5 * crawl.policy.pad + 1
+
+
+# --------------------------------------------------------------------------
+# the quota as a budget, with the demand counted (budget.py): a covered
+# quota drops its pace, so hostile values must never free what was not stated
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def counted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Crawl]:
+    made = Crawl(str(tmp_path_factory.mktemp("hostile-counted") / "parked.jsonl"))
+    made.extension.queue_holds_slots = True  # the engine never read a start request: every slot wants 0, counted
+    yield made
+    made.crawler.signals.send_catch_log(signals.spider_closed, spider=made.crawler.spider, reason="finished")
+
+
+_JUMPING = st.lists(  # one host whose reset jumps back and forth, past and future, epoch and delta
+    st.tuples(
+        st.integers(min_value=-(10**12), max_value=10**12),
+        st.integers(min_value=-(10**12), max_value=10**12),
+        st.integers(min_value=-2 * int(WEEK), max_value=2 * int(WEEK)),
+        st.sampled_from(["epoch", "ms", "delta"]),
+        _STATUS,
+    ).map(lambda t: (t[4], [
+        ("X-RateLimit-Limit", str(t[0]).encode()), ("X-RateLimit-Remaining", str(t[1]).encode()),
+        ("X-RateLimit-Reset", (str(int(NOW) + t[2]) if t[3] == "epoch" else
+                               str((int(NOW) + t[2]) * 1000) if t[3] == "ms" else str(t[2])).encode()),
+    ], "GET")),
+    min_size=1, max_size=6,
+)
+
+
+@_EXAMPLES
+@given(responses=st.one_of(_RESPONSES, _JUMPING))
+@example(responses=[(200, [("X-RateLimit-Limit", b"10"), ("X-RateLimit-Remaining", b"1000000000"),
+                           ("X-RateLimit-Reset", b"60")], "GET")])
+@example(responses=[(200, [("X-RateLimit-Limit", b"60"), ("X-RateLimit-Remaining", b"59"),
+                           ("X-RateLimit-Reset", str(int(NOW) - 30).encode())], "GET")])
+def test_a_counted_demand_never_raises_nor_passes_the_cap(counted, responses):
+    slot, failures = counted.exchange(responses)
+    assert not failures, f"{slot}: {failures!r}"
+    cap = counted.policy.max_delay * counted.policy.pad
+    assert counted.board.remaining(slot) <= cap
+    assert counted.board.ready_at(slot) - counted.board.clock() <= cap + counted.policy.wake_jitter + 1e-6
+    assert counted.board.refused(slot) <= WEEK
+    rate = counted.board.rate(slot)
+    assert rate is None or 1 / rate <= counted.policy.max_delay
+    assert counted.worst_park() <= WEEK + 1.0
+
+
+def test_a_counted_demand_frees_a_covered_quota_and_keeps_a_short_one(counted):
+    reset = str(int(time.time() + 3000)).encode()
+    roomy = [("X-RateLimit-Limit", b"60"), ("X-RateLimit-Remaining", b"59"), ("X-RateLimit-Reset", reset)]
+    slot, _, _ = counted.respond(200, roomy)
+    assert counted.board.rate(slot) is None  # 59 left, nothing wanted: no pace
+    counted.extension.queue_holds_slots = False  # the demand unknown: the same headers pace
+    try:
+        slot, _, _ = counted.respond(200, roomy)
+        assert counted.board.rate(slot) is not None
+    finally:
+        counted.extension.queue_holds_slots = True
+    counted.respond(200, roomy, host=slot)  # counted again: the pace goes
+    assert counted.board.rate(slot) is None
+    assert counted.board.ready_at(slot) <= counted.board.clock()
+    liar = [("X-RateLimit-Limit", b"10"), ("X-RateLimit-Remaining", b"0"), ("X-RateLimit-Reset", b"30")]
+    slot, _, _ = counted.respond(200, liar)
+    assert counted.board.remaining(slot) > 0  # spent: cooled until the reset, whatever the demand

@@ -127,3 +127,30 @@ def test_a_pace_interval_is_never_longer_than_the_cap(remaining, reset, quota, w
     decision = decide_quota(RateLimitFacts(remaining=remaining, reset=reset, quota=quota, window=window), None, 0, max_delay)
     assert decision.rate is None or 1 / decision.rate <= max_delay * (1 + 1e-9)
     assert decision.cooldown <= max_delay
+
+
+def test_a_window_whose_reset_moves_on_with_little_left_reads_as_moving():
+    # Flask-Limiter's moving window at its limit: the reset is when the oldest hit
+    # leaves, so it moves on every second while one or none is left.
+    moving = QuotaWindows()
+    for second, left in enumerate([19, 1, 0, 1, 0]):
+        moving.window("m", NOW + 2 + second, float(second), remaining=left, quota=20)
+    assert moving.moving("m")
+    # A fixed window refills when its reset moves on.
+    fixed = QuotaWindows()
+    for second, left in enumerate([19, 18, 19, 17, 19]):
+        fixed.window("f", NOW + 1 + second, float(second), remaining=left, quota=20)
+    assert not fixed.moving("f")
+    # Evidence is bounded: two refills make a moving window fixed again.
+    for second in range(5, 7):
+        moving.window("m", NOW + 2 + second, float(second), remaining=19, quota=20)
+    assert not moving.moving("m")
+    assert not moving.moving("unknown")
+
+
+def test_none_left_on_a_moving_window_keeps_the_pace_instead_of_cooling_to_a_rounded_reset():
+    facts = F(quota=20, remaining=1, reset=1.7, reset_at=NOW + 2)
+    assert decide_quota(facts, 1.0, 1, 300) == QuotaDecision(19.0, 1.7)
+    assert decide_quota(facts, 1.0, 1, 300, moving=True) == QuotaDecision(19.0, 0.0)
+    # Without a learnt window there is no pace to keep: cool as before.
+    assert decide_quota(F(remaining=0, reset=1.7), None, 0, 300, moving=True) == QuotaDecision(None, 1.7)
