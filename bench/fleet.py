@@ -1,6 +1,6 @@
 """A fleet of crawler processes on shared hosts: one Redis board against one board each.
 
-    python bench/fleet.py [--processes 2,4,8] [--hosts 1,4] [--pages 600] [--repeat 1]
+    python bench/fleet.py [--processes 2,4,8] [--hosts 1,4] [--pages 600] [--repeat 1] [--arrivals DIR]
 
 Needs redis-server on PATH and the redis package (pip install -e '.[redis]').
 The throttling server runs in this process: every host allows 10 requests/s
@@ -19,6 +19,7 @@ Acceptance for the Redis board: >= 0.85 of the limit, <= 3 % responses 429.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -39,9 +40,14 @@ LIMIT = 10.0
 BOARDS = ("independent", "Redis board")
 
 
-def measure(server: ThrottlingServer, hosts: list[Host], members: list[Member], pages: int) -> dict[str, Any]:
+def measure(server: ThrottlingServer, hosts: list[Host], members: list[Member], pages: int,
+            dump: Path | None = None) -> dict[str, Any]:
     addresses = {host.address for host in hosts}
     arrivals = sorted((a for a in server.arrivals() if a.host in addresses), key=lambda a: a.t)
+    if dump is not None:
+        with dump.open("w") as out:
+            for a in arrivals:
+                out.write(json.dumps([a.t, a.status, a.headers.get("user-agent", ""), a.path]) + "\n")
     served = [a for a in arrivals if a.status == 200]
     throttled = [a for a in arrivals if a.status == 429]
     start = arrivals[0].t if arrivals else 0.0
@@ -61,7 +67,7 @@ def measure(server: ThrottlingServer, hosts: list[Host], members: list[Member], 
 
 
 async def side_by_side(pages: int, processes: int, hosts: int, redis_url: str, prefix: str,
-                       timeout: float) -> dict[str, dict[str, Any]]:
+                       timeout: float, dump: Path | None = None) -> dict[str, dict[str, Any]]:
     """The same fleet twice at once, on hosts of its own each: independent boards, and the Redis board."""
     server = ThrottlingServer()
     limited = {label: [server.add_host(HostConfig(rate=LIMIT, penalty=2.0)) for _ in range(hosts)] for label in BOARDS}
@@ -78,7 +84,11 @@ async def side_by_side(pages: int, processes: int, hosts: int, redis_url: str, p
         defer.ensureDeferred(run_fleet(members, timeout=timeout)) for members in fleets.values()
     ])
     await server.stop()
-    return {label: measure(server, limited[label], fleets[label], pages) for label in BOARDS}
+    return {
+        label: measure(server, limited[label], fleets[label], pages,
+                       dump and dump / f"{prefix}-{label.split()[0]}.jsonl")
+        for label in BOARDS
+    }
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -90,7 +100,8 @@ async def main(args: argparse.Namespace) -> None:
                 runs: dict[str, list[dict[str, Any]]] = {label: [] for label in BOARDS}
                 for round_number in range(args.repeat):
                     prefix = f"bench-{hosts}-{processes}-{round_number}"
-                    results = await side_by_side(args.pages, processes, hosts, redis.url, prefix, args.timeout)
+                    results = await side_by_side(args.pages, processes, hosts, redis.url, prefix, args.timeout,
+                                                 args.arrivals)
                     for label, result in results.items():
                         runs[label].append(result)
                         print(f"{hosts} host(s), {processes} processes, {label}: {result}", flush=True)
@@ -120,6 +131,8 @@ if __name__ == "__main__":
     parser.add_argument("--hosts", type=lambda text: [int(n) for n in text.split(",")], default=[1, 4])
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds a fleet may crawl")
+    parser.add_argument("--arrivals", type=Path, default=None,
+                        help="a directory to write each run's arrival log to (JSON lines: t, status, user-agent, path)")
     arguments = parser.parse_args()
 
     run_on_reactor(lambda: main(arguments))

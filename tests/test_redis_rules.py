@@ -215,6 +215,29 @@ def test_a_process_ignores_its_own_rate_coming_back(fleet, clock):
     assert board.rate(SLOT) == pytest.approx(rate)
 
 
+def test_a_growth_read_while_the_slot_cools_does_not_undo_the_cut(fleet, clock):
+    """Another process grew the pace before it heard of this process's cut: stale, not the fleet's pace."""
+    board, exchange, _ = fleet
+    board.throttled(SLOT, clock.now)
+    exchange_once(board, exchange, reply_of(rates=[(SLOT, 8.0, True, "other")]))
+    board.cool(SLOT, 2.5)
+    cut = board.rate(SLOT)
+    assert cut == pytest.approx(8.0)
+    exchange_once(board, exchange, reply_of(rates=[(SLOT, 11.0, False, "other")]))
+    assert board.rate(SLOT) == pytest.approx(cut)
+    clock.now += 3.0  # the cooldown is over: a growth now is the fleet's
+    exchange_once(board, exchange, reply_of(rates=[(SLOT, 9.0, False, "other")]))
+    assert board.rate(SLOT) == pytest.approx(9.0)
+
+
+def test_a_growth_is_taken_for_a_slot_met_while_it_cools(fleet, clock):
+    """A slot met during a fleet cooldown is paced at the fleet's rate when it resumes, grown or cut."""
+    board, exchange, _ = fleet
+    board.cool(SLOT, 2.5)
+    exchange_once(board, exchange, reply_of(rates=[(SLOT, 9.0, False, "other")]))
+    assert board.rate(SLOT) == pytest.approx(9.0)
+
+
 def test_granted_send_times_pace_the_slot_and_an_earlier_one_wakes_the_queue(fleet, clock):
     board, exchange, heard = fleet
     rate = board.throttled(SLOT, clock.now)

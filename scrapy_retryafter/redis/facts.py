@@ -227,9 +227,14 @@ class FleetFacts(CooldownBoard):
         """Follow the fleet's pace: a cut restarts the cubic curve here, growth is taken as is.
 
         Every process grows the one fleet rate from its own successes, as one
-        crawler would from all of them.
+        crawler would from all of them. A growth read while the slot cools was
+        sent before its writer heard of the cut (a throttle cools the fleet at
+        once): taken, it would undo the cut, and the fleet's next send would
+        be refused again right after the cooldown.
         """
         state = self._state(slot)
+        if not cut and state.pace is not None and state.cooldown_until > now:
+            return  # grown before its writer heard of the cut that cools the slot: stale
         if state.pace is None:
             state.pace = RateController()
         pace = state.pace
