@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from scrapy_retryafter.breaker import CLOSED, OPEN
 from scrapy_retryafter.policy import SlotPolicy
+from scrapy_retryafter.rate import MARGIN
 from scrapy_retryafter.redis.board import RedisBoard
 from scrapy_retryafter.redis.exchange import Answer, Job, Reply, read_reply
 from scrapy_retryafter.redisconfig import RedisConfig
@@ -251,6 +252,39 @@ def test_granted_send_times_pace_the_slot_and_an_earlier_one_wakes_the_queue(fle
     assert fallback > clock.now + 0.1 and heard["sooner"] == [SLOT]
 
 
+def paced_past_the_fleet(board: RedisBoard, exchange: FakeExchange, own: float, fleet: float) -> None:
+    """This process's pace grew to ``own``; the fleet grants its times at ``fleet`` (another sender's)."""
+    board.throttled(SLOT, board.clock())
+    exchange_once(board, exchange)
+    board._slots[SLOT].pace.rate = own
+    board.released(SLOT)
+    board.ready_at(SLOT, held=10)
+    exchange_once(board, exchange, reply_of(grants={SLOT: [0.1, 0.1 + 1 / fleet]}, paces={SLOT: fleet}))
+
+
+def test_a_grant_is_late_by_the_fleet_s_pace_not_this_process_s_own(fleet, clock):
+    """A process whose own pace ran far past the fleet's would call every grant late (and skip
+    each one, sending nothing) if it judged lateness by its own pace's interval."""
+    board, exchange, _ = fleet
+    late: list[str] = []
+    board.on_late_lease = late.append
+    paced_past_the_fleet(board, exchange, own=50.0, fleet=10.0)
+    clock.now += 0.1 + 0.5 * (1 - MARGIN) / 10.0
+    assert board.ready_at(SLOT) <= clock.now
+    assert late == []
+    clock.now += 2 * (1 - MARGIN) / 10.0 + 1 / 10.0  # past the next one by more than the fleet's margin
+    assert board.ready_at(SLOT) > clock.now
+    assert late == [SLOT]
+
+
+def test_a_throttle_cuts_from_the_pace_the_fleet_sent_at(fleet, clock):
+    board, exchange, _ = fleet
+    paced_past_the_fleet(board, exchange, own=50.0, fleet=10.0)
+    rate = board.throttled(SLOT, clock.now)
+    assert rate is not None and rate <= 10.0
+    assert exchange.jobs[-1].writes[("rate", SLOT)] == f"{rate!r}:cut"  # sent at once: the fleet's cut
+
+
 def test_grants_inside_a_cooldown_are_dropped(fleet, clock):
     board, exchange, _ = fleet
     board.throttled(SLOT, clock.now)
@@ -347,14 +381,16 @@ def test_a_rate_must_be_positive_finite_and_well_formed(value, kept):
 def test_cooldowns_circuits_and_grants_read_from_redis_are_bounded():
     reply = read_reply(raw(
         changed=[b"a", b"1010", b"", b"b", b"inf", b"nan", b"c", b"", b"1005"],
-        leases=[b"a", b"0.1 0.2 garbage 1e9 nan"],
+        leases=[b"a", b"0.1 0.2 garbage 1e9 nan", b"9.5", b"b", b"", b"nan", b"c", b"", b"-1",
+                b"d", b"", b"1e30", b"e", b"", b""],
         counts=[b"a", b"0", b"b", b"99999999"],
     ), horizon=0.3)
     assert reply.cooldowns == {"a": 10.0, "b": 0.0, "c": 0.0}
     assert reply.circuits == {"a": None, "b": None, "c": 5.0}
-    assert reply.grants == {"a": [0.1, 0.2]}
+    assert reply.grants == {"a": [0.1, 0.2], "b": [], "c": [], "d": [], "e": []}
+    assert reply.paces == {"a": 9.5}  # a pace must be positive, finite and a rate
     assert reply.counts == {"a": 1, "b": 10_000}
-    assert reply.invalid == 5
+    assert reply.invalid == 5 + 3
 
 
 @given(st.lists(st.binary(max_size=40), max_size=30).map(lambda items: items[: len(items) // 3 * 3]))

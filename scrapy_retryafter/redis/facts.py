@@ -156,6 +156,9 @@ class FleetFacts(CooldownBoard):
         for slot, count in reply.counts.items():
             if slot in self._active:
                 self._shares[slot] = count
+        for slot, pace in reply.paces.items():
+            if slot in self._slots:
+                self.leases.paced(slot, pace)
         for slot, offsets in reply.grants.items():
             self._granted(slot, [got + offset for offset in offsets])
 

@@ -158,7 +158,9 @@ class FleetRules(FleetFacts):
         """
         if self.lost or state.pace is None:
             return
-        if self.leases.skip_late(slot, now, (1 - MARGIN) / state.pace.rate):
+        # The times are spaced at the fleet's pace, which may be slower than this process's own.
+        pace = min(state.pace.rate, self.leases.pace(slot) or state.pace.rate)
+        if self.leases.skip_late(slot, now, (1 - MARGIN) / pace):
             self.on_late_lease(slot)
             self._next_granted(slot, state, self.leases.next(slot), now)
 
@@ -176,6 +178,12 @@ class FleetRules(FleetFacts):
 
     def throttled(self, slot: str, sent_at: float, beta: float = 0.7) -> float | None:
         self._heard_from(slot)
+        state = self._slots.get(slot)
+        fleet = self.leases.pace(slot)
+        if state is not None and state.pace is not None and fleet is not None and not self.lost:
+            # The pace refused is the one the fleet sent at (its senders' slowest), not this
+            # process's own, which may have grown past it: the cut is from what was too fast.
+            state.pace.rate = min(state.pace.rate, fleet)
         rate = super().throttled(slot, sent_at, beta)
         if rate is not None:
             self._active[slot] = self.clock()

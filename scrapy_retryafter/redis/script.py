@@ -134,6 +134,7 @@ for _ = 1, nclaims do
   end
   leases[#leases + 1] = slot
   leases[#leases + 1] = table.concat(granted, ' ')
+  leases[#leases + 1] = rate and string.format('%.6f', rate) or ''
   i = i + 4
 end
 local asked = {}
