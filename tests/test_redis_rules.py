@@ -231,6 +231,22 @@ def test_a_growth_read_while_the_slot_cools_does_not_undo_the_cut(fleet, clock):
     assert board.rate(SLOT) == pytest.approx(9.0)
 
 
+def test_the_fleet_s_first_cut_heard_live_slow_starts_here_as_in_the_process_that_cut(fleet, clock):
+    board, exchange, _ = fleet
+    board.cool(SLOT, 2.5)  # a slot this process sends to, not yet paced
+    exchange_once(board, exchange, reply_of(rates=[(SLOT, 3.0, True, "other")]))
+    board.released(SLOT)
+    clock.now += 3.0
+    for _ in range(4):
+        board.succeeded(SLOT)
+        clock.now += 0.1
+    # Slow start doubles the pace every DOUBLING s of sending; a cubic from 3.0 would still be near it.
+    assert board.rate(SLOT) >= 4.5
+    # A slot met later, whose rate the fleet has had for a while, regrows from it as a cut.
+    exchange_once(board, exchange, reply_of(asked=[("met.example", 3.0, True, "other")]))
+    assert board._slots["met.example"].pace.starting is False
+
+
 def test_a_growth_is_taken_for_a_slot_met_while_it_cools(fleet, clock):
     """A slot met during a fleet cooldown is paced at the fleet's rate when it resumes, grown or cut."""
     board, exchange, _ = fleet

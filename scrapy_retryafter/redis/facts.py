@@ -148,7 +148,7 @@ class FleetFacts(CooldownBoard):
                 self._remote_close(slot, sent)
         for slot, rate, cut, who in reply.rates:
             if who != self.process_id and slot in self._slots:
-                self._adopt_rate(slot, rate, now, cut)
+                self._adopt_rate(slot, rate, now, cut, live=True)
         for slot, rate, cut, _who in reply.asked:
             state = self._slots.get(slot)
             if state is None or state.pace is None:
@@ -226,7 +226,7 @@ class FleetFacts(CooldownBoard):
         self.on_remote_circuit(slot, False)
         self.on_sooner(slot)  # the queue held it until the circuit's time: it may send now
 
-    def _adopt_rate(self, slot: str, rate: float, now: float, cut: bool) -> None:
+    def _adopt_rate(self, slot: str, rate: float, now: float, cut: bool, live: bool = False) -> None:
         """Follow the fleet's pace: a cut restarts the cubic curve here, growth is taken as is.
 
         Every process grows the one fleet rate from its own successes, as one
@@ -238,12 +238,16 @@ class FleetFacts(CooldownBoard):
         state = self._state(slot)
         if not cut and state.pace is not None and state.cooldown_until > now:
             return  # grown before its writer heard of the cut that cools the slot: stale
+        fresh = state.pace is None
         if state.pace is None:
             state.pace = RateController()
         pace = state.pace
-        if cut:
+        if cut and not (fresh and live):
             pace.adopted(rate, now)
         else:
+            # The fleet's first cut, heard as it happens: slow start from it, as the process that
+            # cut does after its first throttle (a cubic from that first guess would hold the fleet,
+            # paced at its senders' slowest, near it for tens of seconds). Growth is taken as is.
             pace.rate = max(pace.min_rate, rate)
         self._published[slot] = pace.rate
         state.last_seen = now
