@@ -247,6 +247,24 @@ def test_the_fleet_s_first_cut_heard_live_slow_starts_here_as_in_the_process_tha
     assert board._slots["met.example"].pace.starting is False
 
 
+def test_the_fleet_s_growth_holds_the_pace_here_until_the_next_cut(fleet, clock):
+    """This process sees a share of the successes: its own curve lags the fleet's, and the fleet is
+    paced at its senders' slowest, so one lagging process would hold the whole fleet back."""
+    board, exchange, _ = fleet
+    board.throttled(SLOT, clock.now)
+    exchange_once(board, exchange, reply_of(rates=[(SLOT, 2.0, True, "other")]))
+    clock.now += 1.0
+    exchange_once(board, exchange, reply_of(rates=[(SLOT, 6.0, False, "other")]))
+    assert board.rate(SLOT) == pytest.approx(6.0)
+    exchange_once(board, exchange, reply_of(rates=[(SLOT, 4.0, False, "another")]))  # a slower sender's
+    board.succeeded(SLOT)
+    assert board.rate(SLOT) >= 6.0
+    cut = board.throttled(SLOT, clock.now)
+    assert cut is not None and cut < 6.0
+    board.succeeded(SLOT)
+    assert board.rate(SLOT) < 6.0  # the cut is the fleet's: the growth before it holds no more
+
+
 def test_a_growth_is_taken_for_a_slot_met_while_it_cools(fleet, clock):
     """A slot met during a fleet cooldown is paced at the fleet's rate when it resumes, grown or cut."""
     board, exchange, _ = fleet

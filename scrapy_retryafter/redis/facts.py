@@ -69,6 +69,8 @@ class FleetFacts(CooldownBoard):
         self._opened_at: dict[str, float] = {}
         self._published: dict[str, float] = {}
         """The last pace this process wrote or adopted, per slot."""
+        self._grown: dict[str, float] = {}
+        """The highest pace the fleet grew a slot to since its last cut: this process's pace is no lower."""
         self._asks: dict[str, None] = {}
         """Slots this process just met, to ask the fleet's rate of in the next exchange."""
         self._met: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -230,7 +232,9 @@ class FleetFacts(CooldownBoard):
         """Follow the fleet's pace: a cut restarts the cubic curve here, growth is taken as is.
 
         Every process grows the one fleet rate from its own successes, as one
-        crawler would from all of them. A growth read while the slot cools was
+        crawler would from all of them: a growth elsewhere raises the pace here,
+        and it stays at least that high until the next cut (its own curve,
+        fed by a share of the successes, lags the fleet's). A growth read while the slot cools was
         sent before its writer heard of the cut (a throttle cools the fleet at
         once): taken, it would undo the cut, and the fleet's next send would
         be refused again right after the cooldown.
@@ -242,6 +246,12 @@ class FleetFacts(CooldownBoard):
         if state.pace is None:
             state.pace = RateController()
         pace = state.pace
+        if cut:
+            self._grown.pop(slot, None)
+        elif not fresh:
+            if rate <= pace.rate:
+                return  # the fleet grows the one pace: a slower sender's is not a step back here
+            self._grown[slot] = rate
         if cut and not (fresh and live):
             pace.adopted(rate, now)
         else:

@@ -30,7 +30,8 @@ class FleetRules(FleetFacts):
 
     def forgot(self, slot: str) -> None:
         """Nothing kept per slot beside the board outlives it."""
-        for kept in (self._active, self._shares, self._opened_at, self._published, self._met, self._probes):
+        for kept in (self._active, self._shares, self._opened_at, self._published, self._grown, self._met,
+                     self._probes):
             kept.pop(slot, None)
         self._probe_won.discard(slot)
         self.leases.forget(slot)
@@ -185,6 +186,7 @@ class FleetRules(FleetFacts):
             # process's own, which may have grown past it: the cut is from what was too fast.
             state.pace.rate = min(state.pace.rate, fleet)
         rate = super().throttled(slot, sent_at, beta)
+        self._grown.pop(slot, None)
         if rate is not None:
             self._active[slot] = self.clock()
             self._published[slot] = rate
@@ -195,6 +197,10 @@ class FleetRules(FleetFacts):
     def succeeded(self, slot: str) -> bool:
         self._heard_from(slot)
         sooner = super().succeeded(slot)
+        state = self._slots.get(slot)
+        grown = self._grown.get(slot)
+        if grown is not None and state is not None and state.pace is not None and state.pace.rate < grown:
+            state.pace.rate = grown  # the fleet's growth since the last cut, not this process's share of it
         rate = self.rate(slot)
         if rate is not None and abs(rate - self._published.get(slot, 0.0)) > 0.01 * rate:
             self._published[slot] = rate
