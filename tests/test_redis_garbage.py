@@ -196,6 +196,20 @@ def test_a_garbage_pace_in_a_lease_is_dropped_counted_and_never_slows_the_fleet(
         b.stop()
 
 
+def test_a_pace_of_a_few_requests_a_year_is_a_pace_not_garbage(redis_server, prefix):
+    b = board(redis_server.url, prefix)
+    try:
+        b.throttled(SLOT, b.clock())
+        b._slots[SLOT].pace.rate = 1e-7
+        b.released(SLOT)
+        b.ready_at(SLOT, 5)
+        assert b.sync() and b.sync()
+        assert sum(b.invalid) == 0
+        assert b.leases.pace(SLOT) == pytest.approx(1e-7)
+    finally:
+        b.stop()
+
+
 def test_a_lease_with_more_paces_than_a_fleet_has_senders_is_replaced(redis_server, prefix):
     key = f"{prefix}:slot:lease:{slot_key(SLOT)}"
     client = redis_server.client()

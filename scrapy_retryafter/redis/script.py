@@ -104,7 +104,7 @@ for _ = 1, nclaims do
   if rate ~= nil and rate > MAX_RATE then rate = MAX_RATE end
   if rate ~= nil and rate <= 0 then rate = nil end
   if rate ~= nil then
-    redis.call('HSET', key, 'pace:' .. me, string.format('%.6f %.6f', rate, now))
+    redis.call('HSET', key, 'pace:' .. me, string.format('%.17g %.6f', rate, now))
     redis.call('EXPIRE', key, 60)
     local fields = redis.call('HGETALL', key)
     for f = 1, #fields, 2 do
@@ -134,7 +134,7 @@ for _ = 1, nclaims do
   end
   leases[#leases + 1] = slot
   leases[#leases + 1] = table.concat(granted, ' ')
-  leases[#leases + 1] = rate and string.format('%.6f', rate) or ''
+  leases[#leases + 1] = rate and string.format('%.17g', rate) or ''
   i = i + 4
 end
 local asked = {}
