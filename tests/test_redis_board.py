@@ -122,6 +122,39 @@ def test_a_cut_pace_is_adopted_and_split_between_the_senders(pair):
     assert b.ready_at(SLOT) - b.clock() == pytest.approx(2.0 / rate, abs=0.05)
 
 
+def test_the_fleet_grants_send_times_at_the_slowest_pace_its_senders_claim(pair, redis_server, prefix):
+    """One pace for the fleet: a process whose pace grew past another's (or that has not heard of
+    a cut yet) gets no closer send times than the slower one; once the slow one stops claiming,
+    the faster pace holds again."""
+    a, b = pair
+    a.throttled(SLOT, sent_at=a.clock())
+    b.throttled(SLOT, sent_at=b.clock())
+    assert a.sync() and b.sync()  # each has read the other's cut
+    a._slots[SLOT].pace.rate = 40.0
+    b._slots[SLOT].pace.rate = 10.0
+
+    def claim(who: RedisBoard) -> list[float]:
+        who.ready_at(SLOT, held=50)
+        assert who.sync()
+        return who.leases.times(SLOT)
+
+    claim(b)
+    for _ in range(4):  # a few exchanges: each grants the times up to the horizon
+        times = claim(a)
+    assert len(times) >= 2
+    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+    assert min(gaps) == pytest.approx(0.1, abs=0.005)
+    client = redis_server.client()
+    paces = client.hgetall(f"{prefix}:slot:lease:{slot_key(SLOT)}")
+    assert sum(1 for name in paces if name.startswith("pace:")) == 2
+    time.sleep(1.1)  # b claimed nothing for longer than the pace window
+    a.leases.forget(SLOT)
+    for _ in range(4):
+        times = claim(a)
+    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+    assert gaps and max(gaps) == pytest.approx(0.025, abs=0.005)
+
+
 def test_a_send_time_granted_before_the_one_the_slot_waits_for_makes_the_queue_look_again(redis_server, prefix):
     a = board(redis_server.url, prefix)
     try:

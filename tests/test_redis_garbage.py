@@ -173,6 +173,62 @@ def test_per_slot_keys_of_the_wrong_type_or_value_are_replaced_and_counted(redis
         b.stop()
 
 
+@pytest.mark.parametrize("field, value", [
+    ("pace:other", "nan 5"), ("pace:other", "inf 1"), ("pace:other", "-3 1"), ("pace:other", "0 1"),
+    ("pace:other", "1e400 1"), ("pace:other", "garbage"), ("pace:other", ""), ("pace:other", "0.5"),
+    ("pace:other", "0.5 nan"), ("stranger", "0.5 1"),
+])
+def test_a_garbage_pace_in_a_lease_is_dropped_counted_and_never_slows_the_fleet(redis_server, prefix, field, value):
+    key = f"{prefix}:slot:lease:{slot_key(SLOT)}"
+    client = redis_server.client()
+    client.hset(key, field, value)
+    b = board(redis_server.url, prefix)
+    try:
+        b.throttled(SLOT, b.clock())
+        b._slots[SLOT].pace.rate = 20.0
+        b.released(SLOT)
+        b.ready_at(SLOT, 5)
+        assert b.sync() and b.sync()
+        assert sum(b.invalid) == 1
+        assert b.leases.pace(SLOT) == pytest.approx(20.0)
+        assert field not in client.hgetall(key)
+    finally:
+        b.stop()
+
+
+def test_a_pace_of_a_few_requests_a_year_is_a_pace_not_garbage(redis_server, prefix):
+    b = board(redis_server.url, prefix)
+    try:
+        b.throttled(SLOT, b.clock())
+        b._slots[SLOT].pace.rate = 1e-7
+        b.released(SLOT)
+        b.ready_at(SLOT, 5)
+        assert b.sync() and b.sync()
+        assert sum(b.invalid) == 0
+        assert b.leases.pace(SLOT) == pytest.approx(1e-7)
+    finally:
+        b.stop()
+
+
+def test_a_lease_with_more_paces_than_a_fleet_has_senders_is_replaced(redis_server, prefix):
+    key = f"{prefix}:slot:lease:{slot_key(SLOT)}"
+    client = redis_server.client()
+    seconds, _ = client.time()
+    client.hset(key, mapping={f"pace:p{n}": f"0.01 {seconds}" for n in range(5000)})
+    b = board(redis_server.url, prefix)
+    try:
+        b.throttled(SLOT, b.clock())
+        b._slots[SLOT].pace.rate = 20.0
+        b.released(SLOT)
+        b.ready_at(SLOT, 5)
+        assert b.sync() and b.sync()
+        assert sum(b.invalid) == 1
+        assert b.leases.pace(SLOT) == pytest.approx(20.0)  # not one request a hundred seconds
+        assert client.hlen(key) <= 3
+    finally:
+        b.stop()
+
+
 @pytest.mark.parametrize("value", ["0:grow other", "0:cut other", "garbage:cut other"])
 @pytest_twisted.ensureDeferred
 async def test_a_crawl_over_a_garbage_rate_fetches_everything(server, redis_server, prefix, tmp_path, value):

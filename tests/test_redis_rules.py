@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from scrapy_retryafter.breaker import CLOSED, OPEN
 from scrapy_retryafter.policy import SlotPolicy
+from scrapy_retryafter.rate import MARGIN
 from scrapy_retryafter.redis.board import RedisBoard
 from scrapy_retryafter.redis.exchange import Answer, Job, Reply, read_reply
 from scrapy_retryafter.redisconfig import RedisConfig
@@ -215,6 +216,63 @@ def test_a_process_ignores_its_own_rate_coming_back(fleet, clock):
     assert board.rate(SLOT) == pytest.approx(rate)
 
 
+def test_a_growth_read_while_the_slot_cools_does_not_undo_the_cut(fleet, clock):
+    """Another process grew the pace before it heard of this process's cut: stale, not the fleet's pace."""
+    board, exchange, _ = fleet
+    board.throttled(SLOT, clock.now)
+    exchange_once(board, exchange, reply_of(rates=[(SLOT, 8.0, True, "other")]))
+    board.cool(SLOT, 2.5)
+    cut = board.rate(SLOT)
+    assert cut == pytest.approx(8.0)
+    exchange_once(board, exchange, reply_of(rates=[(SLOT, 11.0, False, "other")]))
+    assert board.rate(SLOT) == pytest.approx(cut)
+    clock.now += 3.0  # the cooldown is over: a growth now is the fleet's
+    exchange_once(board, exchange, reply_of(rates=[(SLOT, 9.0, False, "other")]))
+    assert board.rate(SLOT) == pytest.approx(9.0)
+
+
+def test_the_fleet_s_first_cut_heard_live_slow_starts_here_as_in_the_process_that_cut(fleet, clock):
+    board, exchange, _ = fleet
+    board.cool(SLOT, 2.5)  # a slot this process sends to, not yet paced
+    exchange_once(board, exchange, reply_of(rates=[(SLOT, 3.0, True, "other")]))
+    board.released(SLOT)
+    clock.now += 3.0
+    for _ in range(4):
+        board.succeeded(SLOT)
+        clock.now += 0.1
+    # Slow start doubles the pace every DOUBLING s of sending; a cubic from 3.0 would still be near it.
+    assert board.rate(SLOT) >= 4.5
+    # A slot met later, whose rate the fleet has had for a while, regrows from it as a cut.
+    exchange_once(board, exchange, reply_of(asked=[("met.example", 3.0, True, "other")]))
+    assert board._slots["met.example"].pace.starting is False
+
+
+def test_the_fleet_s_growth_holds_the_pace_here_until_the_next_cut(fleet, clock):
+    """This process sees a share of the successes: its own curve lags the fleet's, and the fleet is
+    paced at its senders' slowest, so one lagging process would hold the whole fleet back."""
+    board, exchange, _ = fleet
+    board.throttled(SLOT, clock.now)
+    exchange_once(board, exchange, reply_of(rates=[(SLOT, 2.0, True, "other")]))
+    clock.now += 1.0
+    exchange_once(board, exchange, reply_of(rates=[(SLOT, 6.0, False, "other")]))
+    assert board.rate(SLOT) == pytest.approx(6.0)
+    exchange_once(board, exchange, reply_of(rates=[(SLOT, 4.0, False, "another")]))  # a slower sender's
+    board.succeeded(SLOT)
+    assert board.rate(SLOT) >= 6.0
+    cut = board.throttled(SLOT, clock.now)
+    assert cut is not None and cut < 6.0
+    board.succeeded(SLOT)
+    assert board.rate(SLOT) < 6.0  # the cut is the fleet's: the growth before it holds no more
+
+
+def test_a_growth_is_taken_for_a_slot_met_while_it_cools(fleet, clock):
+    """A slot met during a fleet cooldown is paced at the fleet's rate when it resumes, grown or cut."""
+    board, exchange, _ = fleet
+    board.cool(SLOT, 2.5)
+    exchange_once(board, exchange, reply_of(rates=[(SLOT, 9.0, False, "other")]))
+    assert board.rate(SLOT) == pytest.approx(9.0)
+
+
 def test_granted_send_times_pace_the_slot_and_an_earlier_one_wakes_the_queue(fleet, clock):
     board, exchange, heard = fleet
     rate = board.throttled(SLOT, clock.now)
@@ -226,6 +284,39 @@ def test_granted_send_times_pace_the_slot_and_an_earlier_one_wakes_the_queue(fle
     assert job.claims and job.claims[0][0] == SLOT
     assert board.ready_at(SLOT) == pytest.approx(clock.now + 0.1)
     assert fallback > clock.now + 0.1 and heard["sooner"] == [SLOT]
+
+
+def paced_past_the_fleet(board: RedisBoard, exchange: FakeExchange, own: float, fleet: float) -> None:
+    """This process's pace grew to ``own``; the fleet grants its times at ``fleet`` (another sender's)."""
+    board.throttled(SLOT, board.clock())
+    exchange_once(board, exchange)
+    board._slots[SLOT].pace.rate = own
+    board.released(SLOT)
+    board.ready_at(SLOT, held=10)
+    exchange_once(board, exchange, reply_of(grants={SLOT: [0.1, 0.1 + 1 / fleet]}, paces={SLOT: fleet}))
+
+
+def test_a_grant_is_late_by_the_fleet_s_pace_not_this_process_s_own(fleet, clock):
+    """A process whose own pace ran far past the fleet's would call every grant late (and skip
+    each one, sending nothing) if it judged lateness by its own pace's interval."""
+    board, exchange, _ = fleet
+    late: list[str] = []
+    board.on_late_lease = late.append
+    paced_past_the_fleet(board, exchange, own=50.0, fleet=10.0)
+    clock.now += 0.1 + 0.5 * (1 - MARGIN) / 10.0
+    assert board.ready_at(SLOT) <= clock.now
+    assert late == []
+    clock.now += 2 * (1 - MARGIN) / 10.0 + 1 / 10.0  # past the next one by more than the fleet's margin
+    assert board.ready_at(SLOT) > clock.now
+    assert late == [SLOT]
+
+
+def test_a_throttle_cuts_from_the_pace_the_fleet_sent_at(fleet, clock):
+    board, exchange, _ = fleet
+    paced_past_the_fleet(board, exchange, own=50.0, fleet=10.0)
+    rate = board.throttled(SLOT, clock.now)
+    assert rate is not None and rate <= 10.0
+    assert exchange.jobs[-1].writes[("rate", SLOT)] == f"{rate!r}:cut"  # sent at once: the fleet's cut
 
 
 def test_grants_inside_a_cooldown_are_dropped(fleet, clock):
@@ -324,14 +415,16 @@ def test_a_rate_must_be_positive_finite_and_well_formed(value, kept):
 def test_cooldowns_circuits_and_grants_read_from_redis_are_bounded():
     reply = read_reply(raw(
         changed=[b"a", b"1010", b"", b"b", b"inf", b"nan", b"c", b"", b"1005"],
-        leases=[b"a", b"0.1 0.2 garbage 1e9 nan"],
+        leases=[b"a", b"0.1 0.2 garbage 1e9 nan", b"9.5", b"b", b"", b"nan", b"c", b"", b"-1",
+                b"d", b"", b"1e30", b"e", b"", b""],
         counts=[b"a", b"0", b"b", b"99999999"],
     ), horizon=0.3)
     assert reply.cooldowns == {"a": 10.0, "b": 0.0, "c": 0.0}
     assert reply.circuits == {"a": None, "b": None, "c": 5.0}
-    assert reply.grants == {"a": [0.1, 0.2]}
+    assert reply.grants == {"a": [0.1, 0.2], "b": [], "c": [], "d": [], "e": []}
+    assert reply.paces == {"a": 9.5}  # a pace must be positive, finite and a rate
     assert reply.counts == {"a": 1, "b": 10_000}
-    assert reply.invalid == 5
+    assert reply.invalid == 5 + 3
 
 
 @given(st.lists(st.binary(max_size=40), max_size=30).map(lambda items: items[: len(items) // 3 * 3]))

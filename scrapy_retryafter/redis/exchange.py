@@ -115,6 +115,8 @@ class Reply:
     """The probes granted to this process."""
     first: dict[str, int] = field(default_factory=dict)
     """First-contact sends granted per slot asked; -1: the fleet has heard from the host."""
+    paces: dict[str, float] = field(default_factory=dict)
+    """The pace (requests/s) the fleet granted each claimed slot's times at: the slowest its senders claim."""
 
 
 @dataclass
@@ -181,14 +183,20 @@ def read_reply(raw: Any, horizon: float) -> Reply:
     texts = [_text(item) for item in counts]
     read_counts = {slot: max(1, min(10_000, int(count))) for slot, count in zip(texts[::2], texts[1::2])}
     grants: dict[str, list[float]] = {}
+    paces: dict[str, float] = {}
     texts = [_text(item) for item in leases]
-    for slot, times in zip(texts[::2], texts[1::2]):
+    for slot, times, pace in zip(texts[::3], texts[1::3], texts[2::3]):
         offsets = [_seconds(offset, -1.0, 86400.0) for offset in times.split()]
         grants[slot] = [offset for offset in offsets if offset is not None]
         invalid += offsets.count(None)
+        fleet_pace = _seconds(pace, 0.0, MAX_RATE) if pace else None
+        if fleet_pace is not None and fleet_pace > 0.0:
+            paces[slot] = fleet_pace
+        elif pace:
+            invalid += 1
     return Reply(cooldowns, circuits, read_rates, read_asked, read_counts, grants, bool(int(snapshot)),
                  bool(int(more)), invalid, cursor, now, [_text(slot) for slot in probes],
-                 {slot: max(-1, min(10_000, int(count))) for slot, count in _pairs(first)})
+                 {slot: max(-1, min(10_000, int(count))) for slot, count in _pairs(first)}, paces)
 
 
 def _pairs(flat: list[Any]) -> list[tuple[str, str]]:

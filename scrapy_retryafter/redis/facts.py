@@ -69,6 +69,8 @@ class FleetFacts(CooldownBoard):
         self._opened_at: dict[str, float] = {}
         self._published: dict[str, float] = {}
         """The last pace this process wrote or adopted, per slot."""
+        self._grown: dict[str, float] = {}
+        """The highest pace the fleet grew a slot to since its last cut: this process's pace is no lower."""
         self._asks: dict[str, None] = {}
         """Slots this process just met, to ask the fleet's rate of in the next exchange."""
         self._met: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -148,7 +150,7 @@ class FleetFacts(CooldownBoard):
                 self._remote_close(slot, sent)
         for slot, rate, cut, who in reply.rates:
             if who != self.process_id and slot in self._slots:
-                self._adopt_rate(slot, rate, now, cut)
+                self._adopt_rate(slot, rate, now, cut, live=True)
         for slot, rate, cut, _who in reply.asked:
             state = self._slots.get(slot)
             if state is None or state.pace is None:
@@ -156,6 +158,9 @@ class FleetFacts(CooldownBoard):
         for slot, count in reply.counts.items():
             if slot in self._active:
                 self._shares[slot] = count
+        for slot, pace in reply.paces.items():
+            if slot in self._slots:
+                self.leases.paced(slot, pace)
         for slot, offsets in reply.grants.items():
             self._granted(slot, [got + offset for offset in offsets])
 
@@ -223,19 +228,36 @@ class FleetFacts(CooldownBoard):
         self.on_remote_circuit(slot, False)
         self.on_sooner(slot)  # the queue held it until the circuit's time: it may send now
 
-    def _adopt_rate(self, slot: str, rate: float, now: float, cut: bool) -> None:
+    def _adopt_rate(self, slot: str, rate: float, now: float, cut: bool, live: bool = False) -> None:
         """Follow the fleet's pace: a cut restarts the cubic curve here, growth is taken as is.
 
         Every process grows the one fleet rate from its own successes, as one
-        crawler would from all of them.
+        crawler would from all of them: a growth elsewhere raises the pace here,
+        and it stays at least that high until the next cut (its own curve,
+        fed by a share of the successes, lags the fleet's). A growth read while the slot cools was
+        sent before its writer heard of the cut (a throttle cools the fleet at
+        once): taken, it would undo the cut, and the fleet's next send would
+        be refused again right after the cooldown.
         """
         state = self._state(slot)
+        if not cut and state.pace is not None and state.cooldown_until > now:
+            return  # grown before its writer heard of the cut that cools the slot: stale
+        fresh = state.pace is None
         if state.pace is None:
             state.pace = RateController()
         pace = state.pace
         if cut:
+            self._grown.pop(slot, None)
+        elif not fresh:
+            if rate <= pace.rate:
+                return  # the fleet grows the one pace: a slower sender's is not a step back here
+            self._grown[slot] = rate
+        if cut and not (fresh and live):
             pace.adopted(rate, now)
         else:
+            # The fleet's first cut, heard as it happens: slow start from it, as the process that
+            # cut does after its first throttle (a cubic from that first guess would hold the fleet,
+            # paced at its senders' slowest, near it for tens of seconds). Growth is taken as is.
             pace.rate = max(pace.min_rate, rate)
         self._published[slot] = pace.rate
         state.last_seen = now

@@ -31,6 +31,8 @@ class Leases:
         self.refresh = refresh
         self._granted: dict[str, collections.deque[float]] = {}
         self._want: dict[str, tuple[int, float]] = {}
+        self._pace: dict[str, float] = {}
+        """The pace the fleet last granted each slot's times at (its senders' slowest)."""
 
     def __len__(self) -> int:
         return len(self._granted) + len(self._want)
@@ -43,6 +45,13 @@ class Leases:
     def next(self, slot: str) -> float | None:
         granted = self._granted.get(slot)
         return granted[0] if granted else None
+
+    def pace(self, slot: str) -> float | None:
+        """The fleet's pace for the slot, as of the last grant; None if none came."""
+        return self._pace.get(slot)
+
+    def paced(self, slot: str, rate: float) -> None:
+        self._pace[slot] = rate
 
     def times(self, slot: str) -> list[float]:
         return list(self._granted.get(slot, ()))
@@ -107,7 +116,9 @@ class Leases:
     def forget(self, slot: str) -> None:
         self._granted.pop(slot, None)
         self._want.pop(slot, None)
+        self._pace.pop(slot, None)
 
     def drop(self, slot: str) -> None:
         """Redis is lost: the slot is paced on this process's share alone."""
         self._granted.pop(slot, None)
+        self._pace.pop(slot, None)

@@ -30,7 +30,8 @@ class FleetRules(FleetFacts):
 
     def forgot(self, slot: str) -> None:
         """Nothing kept per slot beside the board outlives it."""
-        for kept in (self._active, self._shares, self._opened_at, self._published, self._met, self._probes):
+        for kept in (self._active, self._shares, self._opened_at, self._published, self._grown, self._met,
+                     self._probes):
             kept.pop(slot, None)
         self._probe_won.discard(slot)
         self.leases.forget(slot)
@@ -158,7 +159,9 @@ class FleetRules(FleetFacts):
         """
         if self.lost or state.pace is None:
             return
-        if self.leases.skip_late(slot, now, (1 - MARGIN) / state.pace.rate):
+        # The times are spaced at the fleet's pace, which may be slower than this process's own.
+        pace = min(state.pace.rate, self.leases.pace(slot) or state.pace.rate)
+        if self.leases.skip_late(slot, now, (1 - MARGIN) / pace):
             self.on_late_lease(slot)
             self._next_granted(slot, state, self.leases.next(slot), now)
 
@@ -176,7 +179,14 @@ class FleetRules(FleetFacts):
 
     def throttled(self, slot: str, sent_at: float, beta: float = 0.7) -> float | None:
         self._heard_from(slot)
+        state = self._slots.get(slot)
+        fleet = self.leases.pace(slot)
+        if state is not None and state.pace is not None and fleet is not None and not self.lost:
+            # The pace refused is the one the fleet sent at (its senders' slowest), not this
+            # process's own, which may have grown past it: the cut is from what was too fast.
+            state.pace.rate = min(state.pace.rate, fleet)
         rate = super().throttled(slot, sent_at, beta)
+        self._grown.pop(slot, None)
         if rate is not None:
             self._active[slot] = self.clock()
             self._published[slot] = rate
@@ -187,6 +197,10 @@ class FleetRules(FleetFacts):
     def succeeded(self, slot: str) -> bool:
         self._heard_from(slot)
         sooner = super().succeeded(slot)
+        state = self._slots.get(slot)
+        grown = self._grown.get(slot)
+        if grown is not None and state is not None and state.pace is not None and state.pace.rate < grown:
+            state.pace.rate = grown  # the fleet's growth since the last cut, not this process's share of it
         rate = self.rate(slot)
         if rate is not None and abs(rate - self._published.get(slot, 0.0)) > 0.01 * rate:
             self._published[slot] = rate

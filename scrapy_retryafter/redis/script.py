@@ -6,7 +6,7 @@ every process of the fleet, whatever version of the package each runs.
 
 from __future__ import annotations
 
-__all__ = ["CHANGES_MEMORY", "CIRCUIT_MEMORY", "EXCHANGE", "MAX_RATE", "PAGE"]
+__all__ = ["CHANGES_MEMORY", "CIRCUIT_MEMORY", "EXCHANGE", "MAX_RATE", "PACE_WINDOW", "PAGE"]
 
 CIRCUIT_MEMORY = 3600
 """Seconds an expired circuit stays listed (the queue reads it; the board treats it as half-open)."""
@@ -18,6 +18,11 @@ PAGE = 1000
 """Changes read per exchange at most; more are read by the next exchange, at once."""
 MAX_RATE = 10_000.0
 """Requests/s above which a rate read from Redis is not a rate."""
+PACE_WINDOW = 1.0
+"""Seconds a process's claimed pace for a slot holds the fleet's grants to it (it claims every refresh
+while it has requests for the slot)."""
+PACERS = 1000
+"""Processes' paces kept per slot at most: a lease hash with more fields was not written by the fleet."""
 
 # KEYS: cooldowns, circuits, rates, rates by update time, changes, news channel.
 # ARGV: process, per-slot key prefix, sender window, rate age, lease horizon, changes cursor,
@@ -83,16 +88,42 @@ end
 local leases = {}
 for _ = 1, nclaims do
   local slot, key = ARGV[i], slot_prefix .. 'lease:' .. ARGV[i + 1]
-  local want, rate = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+  local want, rate = num(ARGV[i + 2]) or 0, ARGV[i + 3]
   if redis.call('TYPE', key)['ok'] ~= 'hash' then
     if redis.call('EXISTS', key) == 1 then invalid = invalid + 1 end
     redis.call('DEL', key)
   end
+  if redis.call('HLEN', key) > PACERS + 2 then redis.call('DEL', key); invalid = invalid + 1 end
   local after = num(redis.call('HGET', key, 'next')) or 0
   if after > now + 3600 then after = 0; invalid = invalid + 1 end
   local t = math.max(now + horizon / 3, after, num(redis.call('ZSCORE', KEYS[1], slot)) or 0)
+  -- One pace for the fleet: the slowest its senders claimed within PACE_WINDOW s. A
+  -- process that grew past the others (or has not heard of a cut yet) sends no
+  -- closer than they do; a cut claimed by any one paces every grant from now on.
+  rate = num(rate)
+  if rate ~= nil and rate > MAX_RATE then rate = MAX_RATE end
+  if rate ~= nil and rate <= 0 then rate = nil end
+  if rate ~= nil then
+    redis.call('HSET', key, 'pace:' .. me, string.format('%.17g %.6f', rate, now))
+    redis.call('EXPIRE', key, 60)
+    local fields = redis.call('HGETALL', key)
+    for f = 1, #fields, 2 do
+      local name = fields[f]
+      if name ~= 'next' and name ~= 'slot' then
+        local r, at = string.match(fields[f + 1], '^(%S+) (%S+)$')
+        r, at = num(r), num(at)
+        if string.sub(name, 1, 5) ~= 'pace:' or r == nil or at == nil or r <= 0 or r > MAX_RATE then
+          redis.call('HDEL', key, name); invalid = invalid + 1
+        elseif at < now - PACE_WINDOW or at > now + 1 then
+          redis.call('HDEL', key, name)
+        elseif r < rate then
+          rate = r
+        end
+      end
+    end
+  end
   local granted = {}
-  if t <= now + 86400 then
+  if rate ~= nil and t <= now + 86400 then
     for n = 1, want do
       if n > 1 and t > now + horizon then break end
       granted[#granted + 1] = string.format('%.6f', t - now)
@@ -103,6 +134,7 @@ for _ = 1, nclaims do
   end
   leases[#leases + 1] = slot
   leases[#leases + 1] = table.concat(granted, ' ')
+  leases[#leases + 1] = rate and string.format('%.17g', rate) or ''
   i = i + 4
 end
 local asked = {}
@@ -209,6 +241,7 @@ if #rates >= 3 * page then more = 1 end
 return {changed, rates, counts, leases, string.format('%.6f', now), snapshot and 1 or 0, more, invalid, asked,
         cooling, circuits, string.format('%.17g', rate_since), rate_since == num(ARGV[7]) and rate_slot or '',
         probes, first}
-""".replace("CIRCUIT_MEMORY", str(CIRCUIT_MEMORY)).replace("CHANGES_MEMORY", str(CHANGES_MEMORY)).replace(
+""".replace("CIRCUIT_MEMORY", str(CIRCUIT_MEMORY)).replace("PACE_WINDOW", repr(PACE_WINDOW)).replace(
+    "PACERS", str(PACERS)).replace("MAX_RATE", repr(MAX_RATE)).replace("CHANGES_MEMORY", str(CHANGES_MEMORY)).replace(
     "PROBE_CLAIM", str(PROBE_CLAIM)
 )
