@@ -235,10 +235,13 @@ class LockedFile:
         parent = self.path.parent
         if create:
             check_directories(self.path, self.setting)  # before creating anything in it
-            try:
-                parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            except FileExistsError:
-                raise ParkFileError(errno.ENOTDIR, f"{parent} is not a directory ({self.setting})") from None
+            missing = [d for d in (parent, *parent.parents) if not os.path.lexists(d)]
+            for directory in reversed(missing):  # each 0700: mkdir(parents=True) gives parents 0777 & ~umask
+                try:
+                    directory.mkdir(mode=0o700)
+                except FileExistsError:
+                    if not directory.is_dir():
+                        raise ParkFileError(errno.ENOTDIR, f"{directory} is not a directory ({self.setting})") from None
         try:
             return os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except FileNotFoundError:

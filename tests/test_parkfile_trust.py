@@ -238,3 +238,19 @@ def test_a_directory_made_unsafe_after_a_handle_checked_it_is_refused(tmp_path):
         with pytest.raises(ParkFileError, match="unsafe"):
             lot.add(_record("http://127.0.0.1/b"))
     assert os.listdir(second) == []
+
+
+def test_directories_parking_creates_are_private_whatever_the_umask(tmp_path):
+    # Path.mkdir(parents=True) gave the missing parents 0777 & ~umask: under umask 0 (some
+    # containers and services) the first park made .scrapy world-writable, then refused it.
+    path = tmp_path / "project" / ".scrapy" / "retry_after" / "spider.parked.jsonl"
+    previous = os.umask(0)
+    try:
+        with ParkFile(path) as lot:
+            lot.add(_record("http://127.0.0.1/a"))
+            lot.add(_record("http://127.0.0.1/b"))
+            assert len(lot.read().records) == 2
+    finally:
+        os.umask(previous)
+    for directory in (path.parent, path.parent.parent, path.parent.parent.parent):
+        assert os.stat(directory).st_mode & 0o077 == 0, directory
