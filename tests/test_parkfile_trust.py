@@ -254,3 +254,18 @@ def test_directories_parking_creates_are_private_whatever_the_umask(tmp_path):
         os.umask(previous)
     for directory in (path.parent, path.parent.parent, path.parent.parent.parent):
         assert os.stat(directory).st_mode & 0o077 == 0, directory
+
+
+def test_a_claim_naming_a_pid_no_system_has_frees_its_record_where_there_is_no_proc(tmp_path, monkeypatch):
+    # Without /proc (macOS, BSD) the owner is judged by os.kill(pid, 0), which raised
+    # OverflowError for a pid past a C int: the claim, and every load of the file, crashed.
+    monkeypatch.setattr(parkowner, "_start_time", lambda pid: None)
+    host, boot, ns, pid, start = parkowner.this_process()
+    path = tmp_path / "parked.jsonl"
+    with ParkFile(path) as lot:
+        record = _record("http://127.0.0.1/a")
+        lot.add(record)
+        _forge(path, [record.id], Owner(host, boot, ns, 2**62, 1, "n"), at=time.time())
+        claimed = lot.claim(_take_all)
+        assert [r.id for r in claimed.records] == [record.id]
+        assert [bad.why for bad in claimed.bad] == ["claim owner has a malformed pid or start time"]
