@@ -42,10 +42,11 @@ class Owner:
         if not isinstance(raw, dict):
             raise ValueError("claim owner is not a mapping")
         texts = [raw.get(key) for key in ("host", "boot", "ns", "nonce")]
-        numbers = [raw.get(key) for key in ("pid", "start")]
+        numbers: list[Any] = [raw.get(key) for key in ("pid", "start")]
         if not all(isinstance(text, str) and len(text) <= 256 for text in texts):
             raise ValueError("claim owner has a malformed name")
-        if not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**63 for n in numbers) or numbers[0] >= _MAX_PID:
+        limits = (_MAX_PID, 2**63)
+        if not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < top for n, top in zip(numbers, limits)):
             raise ValueError("claim owner has a malformed pid or start time")
         return cls(texts[0], texts[1], texts[2], numbers[0], numbers[1], texts[3])  # type: ignore[arg-type]
 
