@@ -33,6 +33,9 @@ except ImportError:  # pragma: no cover - Windows
 from .parkfold import _CHUNK
 
 _LOCK_TIMEOUT = 30.0
+_NAME_MAX = 255
+_TEMPORARY_EXTRA = len(".") + len(".XXXXXXXX.tmp")
+"""mkstemp's name beside the park file: a longer name parked but never compacted (ENAMETOOLONG)."""
 
 
 class ParkFileError(OSError):
@@ -197,6 +200,12 @@ class LockedFile:
             )
         if not self.path.name or self.path.name in (".", ".."):
             raise ParkFileError(errno.EINVAL, f"{self.setting} {str(self.path)!r} does not name a file")
+        if len(os.fsencode(self.path.name)) > _NAME_MAX - _TEMPORARY_EXTRA:
+            raise ParkFileError(
+                errno.ENAMETOOLONG,
+                f"the park file name {self.path.name[:40]!r}... is over {_NAME_MAX - _TEMPORARY_EXTRA} bytes: its "
+                f"compaction's temporary file (.NAME.XXXXXXXX.tmp) would not fit a file name ({self.setting})",
+            )
         check_directories(self.path, self.setting)
         try:
             info = os.lstat(self.path)

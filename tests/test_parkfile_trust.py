@@ -269,3 +269,17 @@ def test_a_claim_naming_a_pid_no_system_has_frees_its_record_where_there_is_no_p
         claimed = lot.claim(_take_all)
         assert [r.id for r in claimed.records] == [record.id]
         assert [bad.why for bad in claimed.bad] == ["claim owner has a malformed pid or start time"]
+
+
+def test_a_park_file_name_too_long_for_its_temporary_file_is_refused_at_check(tmp_path):
+    # A 248-byte name parked, but every compaction failed with ENAMETOOLONG on its
+    # .NAME.XXXXXXXX.tmp file: handled records were never removed, nor the file.
+    fits = tmp_path / ("a" * 241)
+    with ParkFile(fits) as lot:
+        lot.check()
+        record = _record("http://127.0.0.1/a")
+        lot.add(record)
+        lot.done([record.id])
+        assert lot.compact() == 0 and not fits.exists()
+    with ParkFile(tmp_path / ("a" * 242)) as lot, pytest.raises(ParkFileError, match="would not fit a file name"):
+        lot.check()
