@@ -129,7 +129,10 @@ def _private_group(gid: int) -> bool:
 def _unsafe_directory(directory: Path, info: os.stat_result) -> str | None:
     mode = info.st_mode
     if info.st_uid not in (os.geteuid(), 0):
-        return f"it belongs to another user (uid {info.st_uid}), who could replace what is in it"
+        why = f"it belongs to another user (uid {info.st_uid}), who could replace what is in it"
+        if os.geteuid() == 0:  # typically a container's root over a bind-mounted project
+            why += f" (this crawl runs as root: run it as uid {info.st_uid}, e.g. docker run --user {info.st_uid})"
+        return why
     if mode & stat.S_ISVTX:
         return None
     if mode & stat.S_IWOTH:
