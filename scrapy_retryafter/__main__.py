@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .eventlog import printable
-from .parkfile import ParkFile, iso, read_log, summarize
+from .parkfile import ParkFile, _of_spider, iso, read_log, summarize
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -21,6 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parked = commands.add_parser("parked", help="requests parked for a later run, per slot")
     parked.add_argument("file", help="the park file (RETRY_AFTER_PARK_FILE)")
     parked.add_argument("--clear", action="store_true", help="remove every parked request (and the file)")
+    parked.add_argument("--spider", help="only this spider's requests (a file spiders share)")
     args = parser.parse_args(argv)
     path = Path(args.file)
     shown = printable(str(path), 1000)
@@ -29,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         handle = ParkFile(path)
         try:
             handle.check()
-            cleared = handle.clear()
+            cleared = handle.clear(args.spider)
         except OSError as error:
             print(f"error: {printable(str(error), 1000)}", file=sys.stderr)
             return 1
@@ -46,9 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:
         print(f"error: {printable(str(error), 1000)}", file=sys.stderr)
         return 1
-    rows = list(summarize(fold.records.values()))
-    free = sum(1 for _ in fold.free())
-    print(f"{len(fold.records)} parked request(s) in {shown}, {len(fold.records) - free} claimed by a running crawl")
+    ours = [key for key, entry in fold.records.items() if _of_spider(entry, args.spider)]
+    rows = list(summarize(fold.records[key] for key in ours))
+    free = len(set(fold.free()).intersection(ours))
+    print(f"{len(ours)} parked request(s) in {shown}, {len(ours) - free} claimed by a running crawl")
     if rows:
         cells = [(printable(slot, 100), count, iso(earliest),
                   ", ".join(f"{printable(reason, 64)} {n}" for reason, n in sorted(reasons.items())))

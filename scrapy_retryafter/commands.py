@@ -55,7 +55,7 @@ class ParkedCommand(ScrapyCommand):
             print(f"error: {error.args[0] if error.args else error}")
             self.exitcode = 1
             return
-        self.exitcode = main(["parked", str(path), *(["--clear"] if opts.clear else [])])
+        self.exitcode = main(["parked", str(path), f"--spider={args[0]}", *(["--clear"] if opts.clear else [])])
 
 
 def park_file_for(settings: Any, spider_name: str) -> Any:

@@ -181,12 +181,13 @@ class CompactingLog(LockedFile):
                 if _identity(os.fstat(locked)) != before:
                     return len(fold.records)  # another process compacted meanwhile: its file stands
                 tail = Fold()
-                copied = b""
+                kept: list[bytes] = []  # joined once: bytes += under the lock was quadratic
                 for line, _, kind in _lines(locked, offset, complete=True):
                     set_aside = len(tail.bad)
                     _apply_line(tail, line, kind)
                     if kind == LINE and len(tail.bad) == set_aside:
-                        copied += line
+                        kept.append(line)
+                copied = b"".join(kept)
                 if tail.bad:
                     self._keep_aside(tail.bad)
                 self._remove_stale_temporaries(dir_fd, os.path.basename(name))

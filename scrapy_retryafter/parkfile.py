@@ -233,8 +233,9 @@ class ParkFile(CompactingLog):
         finally:
             os.close(dir_fd)
 
-    def clear(self) -> int:
-        """Drop every record (claimed or not); the file is removed. ParkFileError if there is none."""
+    def clear(self, spider: str | None = None) -> int:
+        """Drop every record (claimed or not), or only ``spider``'s (and those of no spider), in a
+        file other spiders share: the file is removed when nothing is left. ParkFileError if there is none."""
         dir_fd = self._dir(False)
         missing = ParkFileError(errno.ENOENT, f"no park file at {self.path}")
         if dir_fd is None:
@@ -246,6 +247,17 @@ class ParkFile(CompactingLog):
                     raise missing
                 fd, fold, _ = state
                 try:
+                    ids = [key for key, entry in fold.records.items() if _of_spider(entry, spider)]
+                    if len(ids) < len(fold.records):  # other spiders' records stay
+                        size = os.fstat(fd).st_size
+                        os.lseek(fd, size, os.SEEK_SET)
+                        try:
+                            self._write_all(fd, self._changes("done", ids))
+                            self._fsync(fd)
+                        except OSError as error:
+                            self._cut_back(fd, size)
+                            raise ParkFileError(error.errno or errno.EIO, f"could not clear {self.path}: {error}") from error
+                        return len(ids)
                     if fold.bad:
                         self._keep_aside(fold.bad)
                     os.unlink(self.path.name, dir_fd=dir_fd)
@@ -255,6 +267,11 @@ class ParkFile(CompactingLog):
                     os.close(fd)
         finally:
             os.close(dir_fd)
+
+
+def _of_spider(entry: Entry, spider: str | None) -> bool:
+    """The record is ``spider``'s as a crawl of it would load it (a record of no spider is anyone's)."""
+    return spider is None or not entry.spider or entry.spider == spider
 
 
 def read_log(path: str | os.PathLike[str]) -> Fold:

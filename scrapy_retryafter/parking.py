@@ -165,7 +165,8 @@ class Parking:
 
     def _writable(self) -> ParkFile:
         if self._refused is not None:
-            raise ParkFileError(1, self._refused)
+            # Said in full once, at open: not again on every request's ERROR line.
+            raise ParkFileError(1, "parking was refused when the spider opened (see that ERROR)")
         if self.file is None:
             raise ParkFileError(1, "the park file opens with the spider; nothing can be parked before")
         return self.file

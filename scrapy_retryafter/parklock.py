@@ -33,6 +33,9 @@ except ImportError:  # pragma: no cover - Windows
 from .parkfold import _CHUNK
 
 _LOCK_TIMEOUT = 30.0
+_NAME_MAX = 255
+_TEMPORARY_EXTRA = len(".") + len(".XXXXXXXX.tmp")
+"""mkstemp's name beside the park file: a longer name parked but never compacted (ENAMETOOLONG)."""
 
 
 class ParkFileError(OSError):
@@ -126,7 +129,10 @@ def _private_group(gid: int) -> bool:
 def _unsafe_directory(directory: Path, info: os.stat_result) -> str | None:
     mode = info.st_mode
     if info.st_uid not in (os.geteuid(), 0):
-        return f"it belongs to another user (uid {info.st_uid}), who could replace what is in it"
+        why = f"it belongs to another user (uid {info.st_uid}), who could replace what is in it"
+        if os.geteuid() == 0:  # typically a container's root over a bind-mounted project
+            why += f" (this crawl runs as root: run it as uid {info.st_uid}, e.g. docker run --user {info.st_uid})"
+        return why
     if mode & stat.S_ISVTX:
         return None
     if mode & stat.S_IWOTH:
@@ -197,6 +203,12 @@ class LockedFile:
             )
         if not self.path.name or self.path.name in (".", ".."):
             raise ParkFileError(errno.EINVAL, f"{self.setting} {str(self.path)!r} does not name a file")
+        if len(os.fsencode(self.path.name)) > _NAME_MAX - _TEMPORARY_EXTRA:
+            raise ParkFileError(
+                errno.ENAMETOOLONG,
+                f"the park file name {self.path.name[:40]!r}... is over {_NAME_MAX - _TEMPORARY_EXTRA} bytes: its "
+                f"compaction's temporary file (.NAME.XXXXXXXX.tmp) would not fit a file name ({self.setting})",
+            )
         check_directories(self.path, self.setting)
         try:
             info = os.lstat(self.path)
@@ -235,10 +247,13 @@ class LockedFile:
         parent = self.path.parent
         if create:
             check_directories(self.path, self.setting)  # before creating anything in it
-            try:
-                parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            except FileExistsError:
-                raise ParkFileError(errno.ENOTDIR, f"{parent} is not a directory ({self.setting})") from None
+            missing = [d for d in (parent, *parent.parents) if not os.path.lexists(d)]
+            for directory in reversed(missing):  # each 0700: mkdir(parents=True) gives parents 0777 & ~umask
+                try:
+                    directory.mkdir(mode=0o700)
+                except FileExistsError:
+                    if not directory.is_dir():
+                        raise ParkFileError(errno.ENOTDIR, f"{directory} is not a directory ({self.setting})") from None
         try:
             return os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except FileNotFoundError:

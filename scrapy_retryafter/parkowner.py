@@ -17,6 +17,8 @@ from typing import Any
 
 CLAIM_LEASE = 24 * 3600.0
 """How long a claim whose owner cannot be judged (another host or pid namespace) holds its records."""
+_MAX_PID = 2**31
+"""pid_t is a C int everywhere (os.kill overflows past it); Linux's own limit is 2**22."""
 _FUTURE_SLACK = 300.0
 """A claim dated further ahead than this is forged or from a wrong clock: it holds nothing."""
 
@@ -40,10 +42,11 @@ class Owner:
         if not isinstance(raw, dict):
             raise ValueError("claim owner is not a mapping")
         texts = [raw.get(key) for key in ("host", "boot", "ns", "nonce")]
-        numbers = [raw.get(key) for key in ("pid", "start")]
+        numbers: list[Any] = [raw.get(key) for key in ("pid", "start")]
         if not all(isinstance(text, str) and len(text) <= 256 for text in texts):
             raise ValueError("claim owner has a malformed name")
-        if not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**63 for n in numbers):
+        limits = (_MAX_PID, 2**63)
+        if not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < top for n, top in zip(numbers, limits)):
             raise ValueError("claim owner has a malformed pid or start time")
         return cls(texts[0], texts[1], texts[2], numbers[0], numbers[1], texts[3])  # type: ignore[arg-type]
 

@@ -63,12 +63,12 @@ def scrapy(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def park(path: Path, *slots: str) -> None:
+def park(path: Path, *slots: str, spider: str = "plain") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with ParkFile(path) as lot:
         for slot in slots:
             lot.add(ParkRecord(url=f"http://{slot}/x", slot=slot, reason="over_cap", attempts=1,
-                               not_before=time.time() + 60, request=None, spider="plain"))
+                               not_before=time.time() + 60, request=None, spider=spider))
 
 
 def test_scrapy_lists_the_command(project: Path) -> None:
@@ -89,7 +89,7 @@ def test_default_park_file_in_the_projects_data_dir(project: Path) -> None:
 
 
 def test_spider_custom_settings_and_jobdir_pick_the_file(project: Path) -> None:
-    park(project / "custom-lot.jsonl", "c.example")
+    park(project / "custom-lot.jsonl", "c.example", spider="custom")
     park(project / "job" / "retry_after.parked.jsonl", "j.example", "j.example")
     custom = scrapy(project, "parked", "custom")
     assert custom.returncode == 0, custom.stderr
@@ -129,3 +129,20 @@ def test_the_command_module_imports_nothing_of_the_package() -> None:
     result = subprocess.run([sys.executable, "-c", code], env=env, check=False, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "['scrapy_retryafter', 'scrapy_retryafter.commands']"
+
+
+def test_a_park_file_spiders_share_is_listed_and_cleared_per_spider(project: Path) -> None:
+    # With RETRY_AFTER_PARK_FILE in the project's settings every spider parks into one file;
+    # `scrapy parked plain --clear` removed the other spider's requests too, and listed them as plain's.
+    settings = project / "proj" / "settings.py"
+    settings.write_text(settings.read_text() + 'RETRY_AFTER_PARK_FILE = "shared.jsonl"\n')
+    park(project / "shared.jsonl", "a.example", "a.example")
+    park(project / "shared.jsonl", "c.example", spider="custom-other")
+    listed = scrapy(project, "parked", "plain")
+    assert listed.returncode == 0, listed.stderr
+    assert "2 parked request(s) in shared.jsonl" in listed.stdout and "c.example" not in listed.stdout
+    cleared = scrapy(project, "parked", "plain", "--clear")
+    assert cleared.returncode == 0, cleared.stderr
+    assert "cleared 2 parked request(s)" in cleared.stdout
+    with ParkFile(project / "shared.jsonl") as lot:
+        assert [entry.url for entry in lot.read().records.values()] == ["http://c.example/x"]

@@ -490,3 +490,21 @@ async def test_a_spider_that_handles_another_status_still_has_the_exhausted_requ
     crawler = await crawl([Request(host.url("/limited"))], settings)
     assert crawler.spider.seen == [] and crawler.spider.failures == []
     assert [r["reason"] for r in _records(park_file)] == ["retries_exhausted"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_park_file_refused_at_open_is_explained_once_not_at_every_request(server, tmp_path, caplog):
+    # Each refused park repeated the whole refusal (hundreds of characters) on its own ERROR line.
+    capped = server.add_host(HostConfig(reject_first=10**6, penalty=0.01, retry_after="3600"))
+    server.start()
+    victim = _victim(tmp_path / "victim")
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "retry_after.parked.jsonl").symlink_to(victim)
+    settings = {**ADDON, "RETRY_AFTER_PARK_FILE": None, "JOBDIR": str(tmp_path / "job"), "RETRY_ENABLED": False}
+    urls = [capped.url(f"/{n}") for n in range(3)]
+    crawler = await crawl([Request(url) for url in urls], settings)
+    assert sorted(f.request.url for f in crawler.spider.failures) == sorted(urls)
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert sum("is a symlink; refusing to follow it" in message for message in errors) == 1
+    could_not = [message for message in errors if message.startswith("Could not park")]
+    assert len(could_not) == 3 and all("refused when the spider opened" in m for m in could_not)

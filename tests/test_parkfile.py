@@ -578,3 +578,29 @@ def test_concurrent_writers_and_writers_killed_mid_way_lose_nothing_and_share_no
     assert added - handled <= set(fold.records)  # every record not handled is still there
     print(f"{killed} writers killed; {len(added)} records added by the others, {len(handled)} handled, "
           f"{len(fold.records)} left, {len(fold.bad)} lines set aside")
+
+
+def test_lines_appended_during_a_compaction_are_copied_in_linear_time(tmp_path, monkeypatch):
+    # The lines another process appends while a compaction folds (one park_many of a
+    # slot's whole queue) were joined with bytes += under the lock: quadratic, 4,000 lines
+    # of 3 KB held the lock for seconds, past which other processes' parks fail.
+    path = tmp_path / "parked.jsonl"
+    with ParkFile(path) as lot, ParkFile(path) as other:
+        lot.add(_record())
+        write_folded = parkcompact.CompactingLog._write_folded
+        burst = [ParkRecord(url=f"http://127.0.0.1/{n}", slot="127.0.0.1", reason="over_cap", attempts=1,
+                            not_before=0.0, request=None, detail="d" * 3000) for n in range(4000)]
+
+        parking = []
+
+        def meanwhile(self, fd, fold, claims):
+            began = time.perf_counter()
+            other.add_many(burst)
+            parking.append(time.perf_counter() - began)
+            return write_folded(self, fd, fold, claims)
+
+        monkeypatch.setattr(parkcompact.CompactingLog, "_write_folded", meanwhile)
+        began = time.perf_counter()
+        assert lot.compact() == 4001
+        assert time.perf_counter() - began - parking[0] < 1.0  # 3 s before, 0.1 s after
+        assert len(lot.read().records) == 4001

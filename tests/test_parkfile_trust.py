@@ -174,6 +174,8 @@ def test_a_directory_of_another_user_is_refused(tmp_path):
     theirs.mkdir()
     os.chown(theirs, 54321, 54321)
     _refused(theirs / "parked.jsonl", r"belongs to another user \(uid 54321\)")
+    # Root over a project of another uid (a container with a bind mount) is told what to do.
+    _refused(theirs / "parked.jsonl", r"runs as root: run it as uid 54321, e\.g\. docker run --user 54321")
 
 
 def test_a_group_writable_directory_is_refused_unless_the_group_is_ours_alone(tmp_path):
@@ -238,3 +240,48 @@ def test_a_directory_made_unsafe_after_a_handle_checked_it_is_refused(tmp_path):
         with pytest.raises(ParkFileError, match="unsafe"):
             lot.add(_record("http://127.0.0.1/b"))
     assert os.listdir(second) == []
+
+
+def test_directories_parking_creates_are_private_whatever_the_umask(tmp_path):
+    # Path.mkdir(parents=True) gave the missing parents 0777 & ~umask: under umask 0 (some
+    # containers and services) the first park made .scrapy world-writable, then refused it.
+    path = tmp_path / "project" / ".scrapy" / "retry_after" / "spider.parked.jsonl"
+    previous = os.umask(0)
+    try:
+        with ParkFile(path) as lot:
+            lot.add(_record("http://127.0.0.1/a"))
+            lot.add(_record("http://127.0.0.1/b"))
+            assert len(lot.read().records) == 2
+    finally:
+        os.umask(previous)
+    for directory in (path.parent, path.parent.parent, path.parent.parent.parent):
+        assert os.stat(directory).st_mode & 0o077 == 0, directory
+
+
+def test_a_claim_naming_a_pid_no_system_has_frees_its_record_where_there_is_no_proc(tmp_path, monkeypatch):
+    # Without /proc (macOS, BSD) the owner is judged by os.kill(pid, 0), which raised
+    # OverflowError for a pid past a C int: the claim, and every load of the file, crashed.
+    monkeypatch.setattr(parkowner, "_start_time", lambda pid: None)
+    host, boot, ns, pid, start = parkowner.this_process()
+    path = tmp_path / "parked.jsonl"
+    with ParkFile(path) as lot:
+        record = _record("http://127.0.0.1/a")
+        lot.add(record)
+        _forge(path, [record.id], Owner(host, boot, ns, 2**62, 1, "n"), at=time.time())
+        claimed = lot.claim(_take_all)
+        assert [r.id for r in claimed.records] == [record.id]
+        assert [bad.why for bad in claimed.bad] == ["claim owner has a malformed pid or start time"]
+
+
+def test_a_park_file_name_too_long_for_its_temporary_file_is_refused_at_check(tmp_path):
+    # A 248-byte name parked, but every compaction failed with ENAMETOOLONG on its
+    # .NAME.XXXXXXXX.tmp file: handled records were never removed, nor the file.
+    fits = tmp_path / ("a" * 241)
+    with ParkFile(fits) as lot:
+        lot.check()
+        record = _record("http://127.0.0.1/a")
+        lot.add(record)
+        lot.done([record.id])
+        assert lot.compact() == 0 and not fits.exists()
+    with ParkFile(tmp_path / ("a" * 242)) as lot, pytest.raises(ParkFileError, match="would not fit a file name"):
+        lot.check()
