@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from .breaker import CLOSED, Breaker
 from .failures import ConsecutiveFailures
+from .hostpause import HostPauses
 from .quota import QuotaWindows
 from .rate import Meter, RateController
 from .slot_state import Random, SlotState, next_release, restored_state, saved_state
@@ -62,6 +63,8 @@ class CooldownBoard:
         """Connection failures in a row per slot (host-down rule), pruned in ``sweep``."""
         self.quota_windows = QuotaWindows()
         """Windows learnt from successive quota resets, pruned in ``sweep``."""
+        self.pauses = HostPauses()
+        """Hosts paused by an outage, probed one request per interval (hostpause.py)."""
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -154,6 +157,10 @@ class CooldownBoard:
         if state is None:
             return 0.0
         now = self.clock()
+        if self.pauses:
+            paused_until = self.pauses.ready_at(slot, now)
+            if paused_until > now:
+                return paused_until
         if state.breaker is not None and state.breaker.state != CLOSED:
             held_until = state.breaker.ready_at(now)
             if held_until > now:
@@ -180,6 +187,8 @@ class CooldownBoard:
             return
         now = self.clock()
         state.last_seen = now
+        if self.pauses:
+            self.pauses.released(slot, now)
         if state.breaker is not None:
             state.breaker.released(now)
         if state.pace is not None:
@@ -318,7 +327,7 @@ class CooldownBoard:
         return state.pace is None or now - state.last_seen > self.pace_memory
 
     def _forget_if_done(self, slot: str, state: SlotState, now: float) -> None:
-        if self._done(state, now):
+        if self._done(state, now) and slot not in self.pauses:
             del self._slots[slot]
             self.forgot(slot)
 
@@ -334,16 +343,17 @@ class CooldownBoard:
             "meters": len(self._meters),
             "streaks": len(self.streaks),
             "quota_windows": len(self.quota_windows),
+            "pauses": len(self.pauses),
         }
 
     def kept_slots(self) -> set[str]:
         """Every slot anything on the board is kept for."""
-        return {*self._slots, *self._meters, *self.streaks, *self.quota_windows}
+        return {*self._slots, *self._meters, *self.streaks, *self.quota_windows, *self.pauses}
 
     def sweep(self) -> int:
         """Drop every slot with nothing left to remember; return how many."""
         now = self.clock()
-        done = [slot for slot, state in self._slots.items() if self._done(state, now)]
+        done = [slot for slot, state in self._slots.items() if self._done(state, now) and slot not in self.pauses]
         for slot in done:
             del self._slots[slot]
             self.forgot(slot)
@@ -352,6 +362,7 @@ class CooldownBoard:
             del self._meters[slot]
         self.streaks.prune(now - self.pace_memory)
         self.quota_windows.prune(now - self.pace_memory)
+        self.pauses.prune(now - self.pace_memory)
         return len(done)
 
     def snapshot(self) -> dict[str, dict[str, float | str]]:

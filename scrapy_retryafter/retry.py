@@ -28,6 +28,8 @@ from scrapy.utils.response import response_status_message
 
 from . import scrapy_compat
 from .extension import RetryAfterExtension
+from .hostpause import OUTAGE_STATUSES, exception_kind
+from .pausing import Pausing
 from .failures import (
     NOT_BEFORE,
     PREVIOUS_WAIT,
@@ -106,6 +108,7 @@ class RetryMiddleware(ScrapyRetryMiddleware):
             not math.isinf(policy.deadline) for policy in (config.default, *config.slots.values())
         )
         self._give_up = extension.give_up
+        self._pausing = Pausing(crawler, extension, self._rng)
         if not self._all:
             return
         never = sorted(code for code in self.retry_http_codes if classify_status(code) is Rule.NEVER)
@@ -162,29 +165,47 @@ class RetryMiddleware(ScrapyRetryMiddleware):
 
     def _retry_response(self, request: Request, response: Response, spider: Spider | None) -> Request | Response:
         status = response.status
+        slot = self._retry_after.slot_of(request)
         if self._board.streaks:
-            self._board.streaks.reached(self._retry_after.slot_of(request))
+            self._board.streaks.reached(slot)
+        if owned_by_retry_after(self._retry_after, request, status):
+            return response  # a throttle: RetryAfterMiddleware decides whether the host answered
+        outage = status in OUTAGE_STATUSES and status in self.retry_http_codes
+        if not outage:
+            self._pausing.answered(slot)
         if status not in self.retry_http_codes or request.meta.get("dont_retry", False):
             return response
-        if owned_by_retry_after(self._retry_after, request, status):
-            return response
         reason = response_status_message(status)
-        return self._retry_failure(request, classify_status(status), reason, status, spider) or response
+        kind = str(status) if outage else None
+        return self._retry_failure(request, classify_status(status), reason, status, spider, kind) or response
 
     def _retry_exception(self, request: Request, exception: Exception, spider: Spider | None) -> Request | None:
         if not isinstance(exception, self.exceptions_to_retry) or request.meta.get("dont_retry", False):
             return None
-        rule = classify_exception(qualified_names(exception))
+        names = qualified_names(exception)
+        rule = classify_exception(names)
         if rule is Rule.ANY_METHOD:
             self._connection_failed(request, exception)
-        return self._retry_failure(request, rule, exception, None, spider)
+            return self._retry_failure(request, rule, exception, None, spider)
+        return self._retry_failure(request, rule, exception, None, spider, exception_kind(names))
 
     def _retry_failure(
-        self, request: Request, rule: Rule, reason: str | Exception, status: int | None, spider: Spider | None
+        self,
+        request: Request,
+        rule: Rule,
+        reason: str | Exception,
+        status: int | None,
+        spider: Spider | None,
+        kind: str | None = None,
     ) -> Request | None:
+        """``kind`` names a failure that says the host may be down (hostpause.py): it counts toward
+        the host's pause, and a request failing while its host is paused spends no retry."""
         slot = self._retry_after.slot_of(request)
         policy = self._retry_after.config.policy_for(slot)
         meta = request.meta
+        paused: float | None = None
+        if kind is not None and self._pausing.failed(request, slot, policy, kind).free:
+            paused = self._board.pauses.remaining(slot, self._board.clock())
         attempt = meta.get("retry_times", 0) + 1
         max_retries = meta.get("max_retry_times", self.max_retry_times)
         if max_retries is None:
@@ -205,9 +226,10 @@ class RetryMiddleware(ScrapyRetryMiddleware):
             deadline=policy.deadline,
             now=now,
             rng=self._rng,
+            host_paused=paused,
         )
         if not decision.retry:
-            exhausted = attempt > max_retries
+            exhausted = paused is None and attempt > max_retries
             return self._not_retried(
                 request, slot, status, label, attempt, decision, exhausted, policy.backoff.wait(attempt, rng=self._rng)
             )
@@ -218,12 +240,17 @@ class RetryMiddleware(ScrapyRetryMiddleware):
             request,
             reason=reason,
             spider=spider,
-            max_retry_times=max_retries,
+            # A failure while the host is paused spends no retry: no bound to hit, no count to raise.
+            max_retry_times=max_retries if paused is None else attempt,
             priority_adjust=meta.get("priority_adjust", self.priority_adjust),
         )
         if retry is None:  # pragma: no cover - the bound was checked above
             return None
         retry.meta[NOT_BEFORE] = now + decision.wait
+        if paused is not None:
+            retry.meta["retry_times"] = attempt - 1
+            self._stats.inc_value("retry_after/paused_retries")
+            return retry
         retry.meta[PREVIOUS_WAIT] = decision.wait
         self._stats.inc_value("retry_after/backoff_retried")
         self._stats.inc_value("retry_after/backoff_seconds", round(decision.wait, 3))  # type: ignore[arg-type]  # stats sum seconds; Scrapy types them int
