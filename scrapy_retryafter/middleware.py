@@ -212,6 +212,7 @@ class RetryAfterMiddleware:
             # The host is paused: this is its probe (or was sent before the pause), not the request's failure.
             self._pausing.pause(request, slot, policy, str(response.status), "")
             self._free.add(request)
+            self.stats.inc_value("retry_after/paused_retries")
             throttles -= 1
         elif self._pausing.failed(request, slot, policy, str(response.status)).started:
             pass  # blind failures of one kind in a row: the host is down, paused like a gateway outage
