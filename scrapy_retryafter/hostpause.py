@@ -10,7 +10,8 @@ interval growing from the backoff's base to its cap, and the first answer
 that is not such a failure ends the pause. A request that fails while its
 host is paused spends none of its own retries; one that fails while the host
 answers spends one, so RETRY_TIMES keeps its meaning for a request that
-fails alone.
+fails alone. The probe itself spends one: a host that never answers again
+runs out of retries one probe at a time instead of holding the crawl forever.
 
 The board owns one ``HostPauses`` and asks it in ``ready_at``; the retry
 middlewares report failures and answers. Times are the board's clock.
@@ -136,7 +137,9 @@ class HostPauses:
                 pause.probes += 1
                 pause.next_probe = max(pause.next_probe, now + probe_interval(pause.probes, backoff, rng))
                 return PauseEvent(started=False, free=True, wait=max(0.0, pause.next_probe - now))
-            return PauseEvent(started=False, free=True, wait=self._rearm(pause, now, backoff, rng))
+            # The probe's failure is its own attempt: it spends a retry, so a host that never
+            # answers again still ends (each probe uses up its request's retries).
+            return PauseEvent(started=False, free=False, wait=self._rearm(pause, now, backoff, rng))
         last_kind, count, _ = self._streaks.get(slot, (kind, 0, now))
         count = count + 1 if last_kind == kind else 1
         if count < max(1, threshold):

@@ -209,11 +209,12 @@ class RetryAfterMiddleware:
         if not blind:
             self._pausing.answered(slot)
         elif slot in self.board.pauses:
-            # The host is paused: this is its probe (or was sent before the pause), not the request's failure.
-            self._pausing.pause(request, slot, policy, str(response.status), "")
-            self._free.add(request)
-            self.stats.inc_value("retry_after/paused_retries")
-            throttles -= 1
+            # The host is paused: sent before the pause, the failure is the host's (no throttle spent);
+            # a probe's is its own.
+            if self._pausing.pause(request, slot, policy, str(response.status), "").free:
+                self._free.add(request)
+                self.stats.inc_value("retry_after/paused_retries")
+                throttles -= 1
         elif self._pausing.failed(request, slot, policy, str(response.status)).started:
             pass  # blind failures of one kind in a row: the host is down, paused like a gateway outage
         elif not self.board.spend_blind_retry(slot, policy.budget_max_tokens):
