@@ -28,8 +28,6 @@ from scrapy.utils.response import response_status_message
 
 from . import scrapy_compat
 from .extension import RetryAfterExtension
-from .hostpause import OUTAGE_STATUSES, exception_kind
-from .pausing import Pausing
 from .failures import (
     NOT_BEFORE,
     PREVIOUS_WAIT,
@@ -42,6 +40,8 @@ from .failures import (
     qualified_names,
     stamp_first_attempt,
 )
+from .hostpause import OUTAGE_STATUSES, exception_kind
+from .pausing import Pausing
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine

@@ -157,6 +157,7 @@ def test_a_paused_host_never_sees_two_probes_in_one_interval(steps):
     pauses = HostPauses()
     now = 0.0
     out = False
+    probe_deadline = -1.0
     for step, dt in steps:
         now += dt
         if step == "ok":
