@@ -24,11 +24,13 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 from scrapy.downloadermiddlewares.retry import RetryMiddleware as ScrapyRetryMiddleware
 from scrapy.downloadermiddlewares.retry import get_retry_request
+from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.response import response_status_message
 
 from . import scrapy_compat
 from .extension import RetryAfterExtension
 from .failures import (
+    DEADLINE,
     NOT_BEFORE,
     PREVIOUS_WAIT,
     FailureDecision,
@@ -37,6 +39,7 @@ from .failures import (
     classify_status,
     decide_failure,
     host_down_wait,
+    past_deadline,
     qualified_names,
     stamp_first_attempt,
 )
@@ -121,17 +124,36 @@ class RetryMiddleware(ScrapyRetryMiddleware):
 
     def process_request(
         self, request: Request, spider: Spider | None = None
-    ) -> Coroutine[Any, Any, Request | None] | None:
+    ) -> Coroutine[Any, Any, Request | None] | Request | None:
         if not self._all:
             return None
         meta = request.meta
         stamp_first_attempt(meta, self._wall, self._deadlines)
+        if (NOT_BEFORE in meta or meta.get("retry_times")) and (self._deadlines or DEADLINE in meta):
+            late = self._held_past_deadline(request)
+            if late is not None:
+                return late
         not_before = meta.get(NOT_BEFORE)
         if not_before is None or self._retry_after.queue_holds_slots:
             return None
         if not isinstance(not_before, (int, float)) or not_before <= self._wall():
             return None
         return self._wait_in_downloader(request, float(not_before))
+
+    def _held_past_deadline(self, request: Request) -> Request | None:
+        """A retry held (a paused host, a cooling slot) until after its deadline is not sent:
+        parked, or IgnoreRequest to its errback. None when it is in time."""
+        slot = self._retry_after.slot_of(request)
+        policy = self._retry_after.config.policy_for(slot)
+        late = past_deadline(request.meta, policy.deadline, self._wall(), 0.0)
+        if late is None:
+            return None
+        self._stats.inc_value("retry_after/deadline")
+        attempts = request.meta.get("retry_times", 0) + 1
+        parked = self._give_up(request, slot, None, f"held past its deadline: {late}", "deadline", 0.0, attempts=attempts)
+        if parked is not None:
+            return parked
+        raise IgnoreRequest(f"{request} on {slot} was held past its deadline: {late}")
 
     async def _wait_in_downloader(self, request: Request, not_before: float) -> Request | None:
         """Without CooldownAwarePriorityQueue a backoff can only be waited out here,

@@ -121,3 +121,21 @@ async def test_a_crawl_closed_during_an_outage_loses_nothing(server, tmp_path, m
         # The requests held in the downloader are parked; retries sent back to Scrapy's own
         # scheduler queue are dropped with it at close, as stock Scrapy drops its queue (open).
         assert len(parked) >= 8
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_request_held_by_a_paused_host_past_its_deadline_is_parked_not_sent(server, tmp_path):
+    host = server.add_host(HostConfig(status=502, outage=(0.0, 6.0)))
+    server.start()
+    park_file = tmp_path / "parked.jsonl"
+    requests = [Request(host.url(f"/{i}"), meta={"retry_after_deadline": 2.0}) for i in range(20)]
+    crawler = await crawl(requests, {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file)})
+    records = [json.loads(line) for line in park_file.read_text().splitlines()] if park_file.exists() else []
+    parked = {r["url"] for r in records}
+    ok = {url for url, status in crawler.spider.seen if status == 200}
+    first = {}
+    for a in server.arrivals(host):
+        first.setdefault(a.path, a.t)
+        assert a.t - first[a.path] <= 2.0 + 0.5, (a.path, a.t - first[a.path])  # no retry past the deadline
+    assert parked | ok | {f.request.url for f in crawler.spider.failures} == {r.url for r in requests}
+    assert {r["reason"] for r in records} <= {"deadline"}
