@@ -171,7 +171,7 @@ def test_a_paused_host_never_sees_two_probes_in_one_interval(steps):
         else:
             pauses.failed("h", step, now, now, 3, BACKOFF, Top())
             out = False
-        assert pauses.remaining("h", now) <= 100.0
+        assert pauses.remaining("h", now) <= 100.0 + 1e-9  # a probe timeout or the 60 s interval cap, at most
 
 
 @pytest.mark.parametrize(
