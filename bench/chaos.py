@@ -152,11 +152,13 @@ def main() -> int:
     print("| run | seconds | stop after SIGINT | exit | retry_after stats |")
     print("|---|---|---|---|---|")
     for label, took, stop_took, code, stats in runs:
-        keys = ("retry_after/throttled", "retry_after/parked", "retry_after/unparked", "retry_after/circuit_opened", "finish_reason")
+        keys = ("retry_after/throttled", "retry_after/parked", "retry_after/unparked", "retry_after/circuit_opened",
+                "retry_after/host_paused", "retry_after/paused_retries", "finish_reason")
         shown = ", ".join(f"{k.split('/')[-1]}={stats.get(k)}" for k in keys if k in stats)
         print(f"| {label} | {took:.1f} | {'' if stop_took is None else f'{stop_took:.1f} s'} | {code} | {shown} |")
     print(f"responses by status: {dict(sorted(statuses.items()))}; requests to the outage host during "
-          f"its outage: {len(in_outage)} (8 may be in flight at once; the breaker opens after 10 counted throttles)")
+          f"its outage: {len(in_outage)} (8 may be in flight at once; the host is then paused and probed one "
+          f"request per interval, its requests held, not parked as budget_spent)")
     print(f"parked after run 2: {len(parked_before_rerun)} "
           f"({dict(collections.Counter(r['reason'] for r in parked_before_rerun))}); still parked at the end: {len(parked_now)}")
     print(f"fetched once: {sum(1 for u in urls if ok[u] == 1)}/{args.pages}; duplicates: {len(duplicates)}; lost: {len(lost)}")

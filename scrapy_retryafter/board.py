@@ -129,6 +129,10 @@ class CooldownBoard(SlotTable):
         if state is None:
             return 0.0
         now = self.clock()
+        if self.pauses:
+            paused_until = self.pauses.ready_at(slot, now)
+            if paused_until > now:
+                return paused_until
         if state.breaker is not None and state.breaker.state != CLOSED:
             held_until = state.breaker.ready_at(now)
             if held_until > now:
@@ -155,6 +159,8 @@ class CooldownBoard(SlotTable):
             return
         now = self.clock()
         state.last_seen = now
+        if self.pauses:
+            self.pauses.released(slot, now)
         if state.breaker is not None:
             state.breaker.released(now)
         if state.pace is not None:

@@ -177,11 +177,23 @@ def decide_failure(
     deadline: float,
     now: float,
     rng: Uniform = random,
+    host_paused: float | None = None,
 ) -> FailureDecision:
-    """Decide for the ``attempt``-th retry (1-based) of a request that failed under ``rule``."""
+    """Decide for the ``attempt``-th retry (1-based) of a request that failed under ``rule``.
+
+    ``host_paused`` is given when the request failed while its host was paused for an outage
+    (hostpause.py), as the seconds to its next probe: the failure is the host's, so it spends
+    none of the request's retries, and the request waits for its slot (wait 0.0), not for a
+    backoff of its own. Only its method and its deadline still stop it.
+    """
     if not method_allowed(rule, method, has_idempotency_key, server_error_methods):
         why = "the request itself is wrong" if rule is Rule.NEVER else f"retried only for {rule.value}"
         return FailureDecision(False, 0.0, f"{method.upper()} not repeated: {why}", gave_up=False)
+    if host_paused is not None:
+        late = past_deadline(meta, deadline, now, host_paused)
+        if late is not None:
+            return FailureDecision(False, 0.0, late, gave_up=True)
+        return FailureDecision(True, 0.0, "host paused by an outage: held for it, no retry spent", gave_up=False)
     if attempt > max_retries:
         return FailureDecision(False, 0.0, f"{max_retries} retries exhausted", gave_up=True)
     wait = backoff.wait(attempt, previous_wait, rng)

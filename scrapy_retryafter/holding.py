@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from scrapy.exceptions import IgnoreRequest
 
+from . import scrapy_compat
 from .eventlog import printable
 from .parkrecord import iso
 from .policy import spider_handles
@@ -157,13 +158,13 @@ class DownloaderHold:
         return taken
 
     async def wait(self, request: Request, slot: str, left: Callable[[], float]) -> bool:
-        """Wait until ``left()`` (seconds) is spent: True. False when the crawl stops first (the
-        caller parks or fails the request); IgnoreRequest when the closing crawl already took it."""
+        """Wait until ``left()`` (seconds) is spent: True. False when the crawl stops or its spider
+        closes first (CLOSESPIDER_*, engine close, Ctrl-C: the caller parks or fails the request);
+        IgnoreRequest when the closing crawl already took it."""
         self._held[request] = slot
         try:
             while True:
-                engine = self.crawler.engine
-                if engine is None or not engine.running:
+                if scrapy_compat.is_closing(self.crawler):
                     if self._held.pop(request, None) is None:
                         raise IgnoreRequest(f"crawl stopping while {request} was held on {slot}")
                     return False

@@ -26,6 +26,8 @@ from .extension import RetryAfterExtension, SlotCoolingDown
 from .failures import PREVIOUS_WAIT, past_deadline, stamp_first_attempt
 from .headers import parse_retry_after
 from .holding import THROTTLES
+from .hostpause import OUTAGE_STATUSES
+from .pausing import Pausing
 from .policy import Decision, SlotPolicy, decide
 from .quota import wants_window
 from .quotarecheck import QuotaBudget
@@ -73,6 +75,9 @@ class RetryAfterMiddleware:
         self._ban_rules = load_ban_rules(crawler.settings.get)  # validated by load_config already
         self.floors: SlotFloors | None = None
         self._budget = QuotaBudget(crawler, extension, self._on_the_wire)
+        self._pausing = Pausing(crawler, extension, self.rng)
+        self._free: weakref.WeakSet[Request] = weakref.WeakSet()
+        """Throttled while their host was paused: the retry spends none of their throttles."""
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -143,6 +148,8 @@ class RetryAfterMiddleware:
         self.extension.tally.responded(slot)
         if self.events.lines:  # a burst is open somewhere: this answer may close it
             self.events.answered(slot, self._sent_at(request))
+        if response.status not in OUTAGE_STATUSES:
+            self._pausing.answered(slot)
         policy = self.config.policy_for(slot)
         if slot in self.board and self.board.success(slot, policy.budget_token_ratio, policy.budget_max_tokens):
             self.events.circuit_closed(slot)
@@ -212,18 +219,30 @@ class RetryAfterMiddleware:
             retry_after = self._announced_wait(response)
         throttles = request.meta.get(THROTTLES, 0) + 1
         blind = retry_after is None or retry_after <= 0
-        budget_spent = blind and not self.board.spend_blind_retry(slot, policy.budget_max_tokens)
-        if budget_spent:
+        if not blind:
+            self._pausing.answered(slot)
+        elif slot in self.board.pauses:
+            # The host is paused: sent before the pause, the failure is the host's (no throttle spent);
+            # a probe's is its own.
+            if self._pausing.pause(request, slot, policy, str(response.status), "").free:
+                self._free.add(request)
+                self.stats.inc_value("retry_after/paused_retries")
+                throttles -= 1
+        elif self._pausing.failed(request, slot, policy, str(response.status)).started:
+            pass  # blind failures of one kind in a row: the host is down, paused like a gateway outage
+        elif not self.board.spend_blind_retry(slot, policy.budget_max_tokens):
+            # Budget spent: the host is held and probed until it answers, not its requests parked.
             self.stats.inc_value("retry_after/budget_spent")
+            why = f"{response.status} without Retry-After and the retry budget spent"
+            self._pausing.pause(request, slot, policy, str(response.status), why)
         decision = decide(
             policy,
             status=429 if ban is not None else response.status,  # a ban is a "too many requests"
             method=request.method,
             has_idempotency_key=b"Idempotency-Key" in request.headers,
-            throttles=throttles,
+            throttles=max(1, throttles),
             retry_after=retry_after,
             max_retries=request.meta.get(MAX_RETRIES),
-            budget_spent=budget_spent,
             rng=self.rng,
             previous_wait=_number_or_none(request.meta.get(PREVIOUS_WAIT)),
         )
@@ -307,7 +326,7 @@ class RetryAfterMiddleware:
         self.stats.inc_value("retry_after/retried")
         count_retry(self.stats, response.status)  # Scrapy's retry/count and retry/reason_count/<status>
         retry = request.copy()
-        retry.meta[THROTTLES] = request.meta.get(THROTTLES, 0) + 1
+        retry.meta[THROTTLES] = request.meta.get(THROTTLES, 0) + (request not in self._free)
         retry.meta[PREVIOUS_WAIT] = decision.cooldown  # decorrelated jitter grows from the last wait
         retry.dont_filter = True
         return retry

@@ -24,12 +24,14 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 from scrapy.downloadermiddlewares.retry import RetryMiddleware as ScrapyRetryMiddleware
 from scrapy.downloadermiddlewares.retry import get_retry_request
+from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.response import response_status_message
 
 from . import scrapy_compat
 from .eventlog import printable
 from .extension import RetryAfterExtension
 from .failures import (
+    DEADLINE,
     NOT_BEFORE,
     PREVIOUS_WAIT,
     FailureDecision,
@@ -38,9 +40,12 @@ from .failures import (
     classify_status,
     decide_failure,
     host_down_wait,
+    past_deadline,
     qualified_names,
     stamp_first_attempt,
 )
+from .hostpause import OUTAGE_STATUSES, exception_kind
+from .pausing import Pausing
 from .retry_reporting import add_seconds
 
 if TYPE_CHECKING:
@@ -108,6 +113,7 @@ class RetryMiddleware(ScrapyRetryMiddleware):
             not math.isinf(policy.deadline) for policy in (config.default, *config.slots.values())
         )
         self._give_up = extension.give_up
+        self._pausing = Pausing(crawler, extension, self._rng)
         if not self._all:
             return
         never = sorted(code for code in self.retry_http_codes if classify_status(code) is Rule.NEVER)
@@ -120,17 +126,36 @@ class RetryMiddleware(ScrapyRetryMiddleware):
 
     def process_request(
         self, request: Request, spider: Spider | None = None
-    ) -> Coroutine[Any, Any, Request | None] | None:
+    ) -> Coroutine[Any, Any, Request | None] | Request | None:
         if not self._all:
             return None
         meta = request.meta
         stamp_first_attempt(meta, self._wall, self._deadlines)
+        if (NOT_BEFORE in meta or meta.get("retry_times")) and (self._deadlines or DEADLINE in meta):
+            late = self._held_past_deadline(request)
+            if late is not None:
+                return late
         not_before = meta.get(NOT_BEFORE)
         if not_before is None or self._retry_after.queue_holds_slots:
             return None
         if not isinstance(not_before, (int, float)) or not_before <= self._wall():
             return None
         return self._wait_in_downloader(request, float(not_before))
+
+    def _held_past_deadline(self, request: Request) -> Request | None:
+        """A retry held (a paused host, a cooling slot) until after its deadline is not sent:
+        parked, or IgnoreRequest to its errback. None when it is in time."""
+        slot = self._retry_after.slot_of(request)
+        policy = self._retry_after.config.policy_for(slot)
+        late = past_deadline(request.meta, policy.deadline, self._wall(), 0.0)
+        if late is None:
+            return None
+        self._stats.inc_value("retry_after/deadline")
+        attempts = request.meta.get("retry_times", 0) + 1
+        parked = self._give_up(request, slot, None, f"held past its deadline: {late}", "deadline", 0.0, attempts=attempts)
+        if parked is not None:
+            return parked
+        raise IgnoreRequest(f"{request} on {slot} was held past its deadline: {late}")
 
     async def _wait_in_downloader(self, request: Request, not_before: float) -> Request | None:
         """Without CooldownAwarePriorityQueue a backoff can only be waited out here,
@@ -164,29 +189,47 @@ class RetryMiddleware(ScrapyRetryMiddleware):
 
     def _retry_response(self, request: Request, response: Response, spider: Spider | None) -> Request | Response:
         status = response.status
+        slot = self._retry_after.slot_of(request)
         if self._board.streaks:
-            self._board.streaks.reached(self._retry_after.slot_of(request))
+            self._board.streaks.reached(slot)
+        if owned_by_retry_after(self._retry_after, request, status):
+            return response  # a throttle: RetryAfterMiddleware decides whether the host answered
+        outage = status in OUTAGE_STATUSES and status in self.retry_http_codes
+        if not outage:
+            self._pausing.answered(slot)
         if status not in self.retry_http_codes or request.meta.get("dont_retry", False):
             return response
-        if owned_by_retry_after(self._retry_after, request, status):
-            return response
         reason = response_status_message(status)
-        return self._retry_failure(request, classify_status(status), reason, status, spider) or response
+        kind = str(status) if outage else None
+        return self._retry_failure(request, classify_status(status), reason, status, spider, kind) or response
 
     def _retry_exception(self, request: Request, exception: Exception, spider: Spider | None) -> Request | None:
         if not isinstance(exception, self.exceptions_to_retry) or request.meta.get("dont_retry", False):
             return None
-        rule = classify_exception(qualified_names(exception))
+        names = qualified_names(exception)
+        rule = classify_exception(names)
         if rule is Rule.ANY_METHOD:
             self._connection_failed(request, exception)
-        return self._retry_failure(request, rule, exception, None, spider)
+            return self._retry_failure(request, rule, exception, None, spider)
+        return self._retry_failure(request, rule, exception, None, spider, exception_kind(names))
 
     def _retry_failure(
-        self, request: Request, rule: Rule, reason: str | Exception, status: int | None, spider: Spider | None
+        self,
+        request: Request,
+        rule: Rule,
+        reason: str | Exception,
+        status: int | None,
+        spider: Spider | None,
+        kind: str | None = None,
     ) -> Request | None:
+        """``kind`` names a failure that says the host may be down (hostpause.py): it counts toward
+        the host's pause, and a request failing while its host is paused spends no retry."""
         slot = self._retry_after.slot_of(request)
         policy = self._retry_after.config.policy_for(slot)
         meta = request.meta
+        paused: float | None = None
+        if kind is not None and self._pausing.failed(request, slot, policy, kind).free:
+            paused = self._board.pauses.remaining(slot, self._board.clock())
         attempt = meta.get("retry_times", 0) + 1
         max_retries = meta.get("max_retry_times", self.max_retry_times)
         if max_retries is None:
@@ -207,9 +250,10 @@ class RetryMiddleware(ScrapyRetryMiddleware):
             deadline=policy.deadline,
             now=now,
             rng=self._rng,
+            host_paused=paused,
         )
         if not decision.retry:
-            exhausted = attempt > max_retries
+            exhausted = paused is None and attempt > max_retries
             return self._not_retried(
                 request, slot, status, label, attempt, decision, exhausted, policy.backoff.wait(attempt, rng=self._rng)
             )
@@ -220,12 +264,17 @@ class RetryMiddleware(ScrapyRetryMiddleware):
             request,
             reason=reason,
             spider=spider,
-            max_retry_times=max_retries,
+            # A failure while the host is paused spends no retry: no bound to hit, no count to raise.
+            max_retry_times=max_retries if paused is None else attempt,
             priority_adjust=meta.get("priority_adjust", self.priority_adjust),
         )
         if retry is None:  # pragma: no cover - the bound was checked above
             return None
         retry.meta[NOT_BEFORE] = now + decision.wait
+        if paused is not None:
+            retry.meta["retry_times"] = attempt - 1
+            self._stats.inc_value("retry_after/paused_retries")
+            return retry
         retry.meta[PREVIOUS_WAIT] = decision.wait
         self._stats.inc_value("retry_after/backoff_retried")
         add_seconds(self._stats, "retry_after/backoff_seconds", decision.wait)

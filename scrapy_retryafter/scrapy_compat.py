@@ -28,6 +28,7 @@ __all__ = [
     "downloader_middlewares",
     "downloader_slots",
     "engine_of",
+    "is_closing",
     "last_selected",
     "next_slot",
     "nudge_engine",
@@ -75,6 +76,20 @@ def engine_of(crawler: Crawler | None) -> ExecutionEngine | None:
         return getattr(crawler, "engine", None)
     except RuntimeError:
         return None
+
+
+def is_closing(crawler: Crawler | None) -> bool:
+    """True once the crawl stops (``engine.running`` false) or its spider closes: ``engine._slot``
+    is None or its ``closing`` Deferred is set (2.13-2.19; CLOSESPIDER_*, ``engine.close_spider``).
+
+    A spider's close waits for the downloader to empty, so a request held there must leave then,
+    not only when the engine stops.
+    """
+    engine = engine_of(crawler)
+    if engine is None or not engine.running:
+        return True
+    engine_slot = getattr(engine, "_slot", None)
+    return engine_slot is None or getattr(engine_slot, "closing", None) is not None
 
 
 def slot_key(crawler: Crawler | None, request: Request) -> str:

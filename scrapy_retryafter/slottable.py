@@ -1,7 +1,7 @@
 """Where the board keeps its per-slot state, and when it lets a slot go.
 
 Every map the board keeps per download slot lives here: the slot states, the
-success meters, the connection-failure streaks and the quota windows. This
+success meters, the connection-failure streaks, the quota windows and the host pauses. This
 part decides when a slot has nothing left to remember (then it is dropped and
 ``forgot`` tells whoever keeps anything beside the board), what a paused crawl
 must keep (``snapshot``/``restore``), and counts what is kept. The board
@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 
 from .breaker import CLOSED
 from .failures import ConsecutiveFailures
+from .hostpause import HostPauses
 from .quota import QuotaWindows
 from .rate import Meter
 from .slot_state import SlotState, restored_state, saved_state
@@ -37,6 +38,8 @@ class SlotTable:
         """Connection failures in a row per slot (host-down rule), pruned in ``sweep``."""
         self.quota_windows = QuotaWindows()
         """Windows learnt from successive quota resets, pruned in ``sweep``."""
+        self.pauses = HostPauses()
+        """Hosts paused by an outage, probed one request per interval (hostpause.py)."""
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -68,7 +71,7 @@ class SlotTable:
         return state.pace is None or now - state.last_seen > self.pace_memory
 
     def _forget_if_done(self, slot: str, state: SlotState, now: float) -> None:
-        if self._done(state, now):
+        if self._done(state, now) and slot not in self.pauses:
             del self._slots[slot]
             self.forgot(slot)
 
@@ -84,16 +87,17 @@ class SlotTable:
             "meters": len(self._meters),
             "streaks": len(self.streaks),
             "quota_windows": len(self.quota_windows),
+            "pauses": len(self.pauses),
         }
 
     def kept_slots(self) -> set[str]:
         """Every slot anything on the board is kept for."""
-        return {*self._slots, *self._meters, *self.streaks, *self.quota_windows}
+        return {*self._slots, *self._meters, *self.streaks, *self.quota_windows, *self.pauses}
 
     def sweep(self) -> int:
         """Drop every slot with nothing left to remember; return how many."""
         now = self.clock()
-        done = [slot for slot, state in self._slots.items() if self._done(state, now)]
+        done = [slot for slot, state in self._slots.items() if self._done(state, now) and slot not in self.pauses]
         for slot in done:
             del self._slots[slot]
             self.forgot(slot)
@@ -102,6 +106,7 @@ class SlotTable:
             del self._meters[slot]
         self.streaks.prune(now - self.pace_memory)
         self.quota_windows.prune(now - self.pace_memory)
+        self.pauses.prune(now - self.pace_memory)
         return len(done)
 
     def snapshot(self) -> dict[str, dict[str, float | str]]:

@@ -303,7 +303,7 @@ def test_sweep_forgets_failure_streaks_and_quota_windows_once_idle_past_the_memo
     clock.advance(board.pace_memory + 1)
     assert board.quota_window("quota", 2001.0) == 1.0  # seen again: kept
     board.sweep()
-    assert board.kept() == {"slots": 0, "meters": 0, "streaks": 0, "quota_windows": 1}
+    assert board.kept() == {"slots": 0, "meters": 0, "streaks": 0, "quota_windows": 1, "pauses": 0}
     assert board.connection_failed("down") == 1  # a streak older than the memory is not an outage any more
     clock.advance(board.pace_memory + 1)
     board.sweep()

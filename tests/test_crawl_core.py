@@ -383,30 +383,34 @@ async def test_an_outage_opens_the_circuit_and_probes_until_recovery(server, mod
 
 
 @pytest_twisted.ensureDeferred
-async def test_the_retry_budget_stops_blind_retries_during_an_outage_and_parks_the_rest(server, tmp_path):
-    host = server.add_host(HostConfig(status=503, outage=(0.0, 60.0), retry_after="absent"))
+async def test_the_retry_budget_stops_blind_retries_during_an_outage_and_holds_the_rest(server, tmp_path):
+    host = server.add_host(HostConfig(status=503, outage=(0.0, 4.0), retry_after="absent"))
     server.start()
     park_file = tmp_path / "parked.jsonl"
     settings = {
         **ADDON,
         "RETRY_AFTER_PARK_FILE": str(park_file),
         "RETRY_AFTER_BACKOFF_BASE": 0.05,
-        "RETRY_AFTER_BACKOFF_MAX": 0.1,
+        "RETRY_AFTER_BACKOFF_MAX": 1.0,
         "RETRY_AFTER_MAX_RETRIES": 50,
         "RETRY_AFTER_CIRCUIT_THRESHOLD": 1000,
+        "RETRY_AFTER_HOST_DOWN_THRESHOLD": 1000,  # the budget alone pauses the host here
         "RETRY_AFTER_ADAPTIVE": False,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
     }
     crawler = await crawl([Request(host.url(f"/{i}")) for i in range(20)], settings)
     stats = crawler.stats.get_stats()
-    # 10 tokens, retries allowed while more than 5 are left: 4 retries, then every failure gives up.
-    assert stats["retry_after/retried"] == 4
-    assert len(server.arrivals(host)) == 20 + 4
-    assert stats["retry_after/gave_up"] == 20
-    assert stats["retry_after/budget_spent"] == 20
-    records = [json.loads(line) for line in park_file.read_text().splitlines()]
-    assert sorted(r["url"] for r in records) == sorted(host.url(f"/{i}") for i in range(20))
-    assert {r["reason"] for r in records} == {"budget_spent"}
+    # 10 tokens, blind retries allowed while more than 5 are left: 4 retries, then the host is
+    # paused and probed until it answers; nothing is parked, every page is fetched in this run.
+    assert stats["retry_after/budget_spent"] == 1
+    assert stats["retry_after/host_paused"] == 1
+    assert stats["retry_after/host_resumed"] == 1
+    during = [a for a in server.arrivals(host) if a.t - server.started < 4.0]
+    # 5 before the pause, then one probe per interval: intervals of at least half the backoff
+    # ceiling (0.05 s doubling to the 1 s cap) fit at most 11 probes in 4 s.
+    assert len(during) <= 5 + 11, len(during)
+    assert not park_file.exists() or park_file.read_text() == ""
+    assert {url for url, status in crawler.spider.seen if status == 200} == {host.url(f"/{i}") for i in range(20)}
     assert crawler.spider.failures == []
 
 

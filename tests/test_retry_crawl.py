@@ -50,7 +50,9 @@ async def test_every_get_recovers_and_the_gaps_fall_inside_the_strategy_bounds(s
     host = server.add_host(HostConfig(fail_first=2, failure=failure, keep_alive=False))
     server.start()
     urls = [host.url(f"/{i}") for i in range(4)]
-    crawler = await crawl([Request(url) for url in urls], settings_for(strategy))
+    # Each request's own backoff is pinned here: eight failures of one kind in a row would pause
+    # the host (test_crawl_outage.py), so the pause waits for a longer run.
+    crawler = await crawl([Request(url) for url in urls], settings_for(strategy, RETRY_AFTER_HOST_DOWN_THRESHOLD=100))
     assert sorted(crawler.spider.seen) == [(url, 200) for url in urls]
     backoff = Backoff(strategy, BASE, CAP)
     timeout = 1.0 if failure == "timeout" else 0.0
@@ -159,7 +161,11 @@ async def test_scrapy_retry_knobs_keep_working(server):
         Request(host.url("/three"), meta={"max_retry_times": 3}),
         Request(host.url("/none"), meta={"dont_retry": True}),
     ]
-    settings = settings_for("full", RETRY_TIMES=1, RETRY_AFTER_BACKOFF_BASE=0.1, RETRY_AFTER_PARKING=False)
+    # The knobs of a request failing alone: a host failing every request would be paused instead,
+    # its requests' failures spending no retries (test_crawl_outage.py).
+    settings = settings_for(
+        "full", RETRY_TIMES=1, RETRY_AFTER_BACKOFF_BASE=0.1, RETRY_AFTER_PARKING=False, RETRY_AFTER_HOST_DOWN_THRESHOLD=100
+    )
     crawler = await crawl(requests, settings)
     paths = attempts_by_path(server, host)
     assert {path: len(a) for path, a in paths.items()} == {"/default": 2, "/three": 4, "/none": 1}
@@ -234,7 +240,10 @@ async def _healthy_seconds(server_factory, with_failing: bool) -> tuple[float, i
     requests = [Request(healthy.url(f"/h/{i}")) for i in range(120)]
     if with_failing:
         requests = [Request(failing.url(f"/f/{i}")) for i in range(20)] + requests
-    settings = {**ADDON, "CONCURRENT_REQUESTS": 4, "CONCURRENT_REQUESTS_PER_DOMAIN": 4, "LOG_LEVEL": "WARNING"}
+    # Every failing URL fails twice: a run of 502s that would pause the host, whose fresh probes
+    # fail in turn; this test is about waiting retries beside a healthy host, not outages.
+    settings = {**ADDON, "CONCURRENT_REQUESTS": 4, "CONCURRENT_REQUESTS_PER_DOMAIN": 4, "LOG_LEVEL": "WARNING",
+                "RETRY_AFTER_HOST_DOWN_THRESHOLD": 100}
     started = time.monotonic()
     crawler = await crawl(requests, settings)
     await server.stop()

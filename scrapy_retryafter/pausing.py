@@ -1,0 +1,91 @@
+"""The Scrapy side of host pauses (hostpause.py): report failures and answers, log and count once.
+
+Both middlewares use it: RetryMiddleware for gateway failures, timeouts and
+resets (RETRY_AFTER_ALL_RETRIES), RetryAfterMiddleware for blind 503s once
+the retry budget is spent. The state is the board's, so each middleware may
+keep its own instance.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import TYPE_CHECKING
+
+from .hostpause import PauseEvent
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+
+    from .extension import RetryAfterExtension
+    from .policy import SlotPolicy
+
+__all__ = ["Pausing"]
+
+logger = logging.getLogger(__name__)
+
+
+class Pausing:
+    def __init__(self, crawler: Crawler, extension: RetryAfterExtension, rng: random.Random) -> None:
+        self.crawler = crawler
+        self.extension = extension
+        self.board = extension.board
+        assert crawler.stats is not None
+        self.stats = crawler.stats
+        self.rng = rng
+
+    def _sent_at(self, request: Request) -> float:
+        return self.board.clock() - float(request.meta.get("download_latency") or 0.0)
+
+    def failed(self, request: Request, slot: str, policy: SlotPolicy, kind: str) -> PauseEvent:
+        """A request of ``slot`` failed as ``kind``: count it toward a pause, or move the paused slot's next probe."""
+        event = self.board.pauses.failed(
+            slot, kind, self.board.clock(), self._sent_at(request), policy.host_down_threshold, policy.backoff, self.rng
+        )
+        self._carry_out(slot, kind, event, f"{policy.host_down_threshold} {kind} failures in a row")
+        return event
+
+    def pause(self, request: Request, slot: str, policy: SlotPolicy, kind: str, why: str) -> PauseEvent:
+        """Pause ``slot`` at once (the retry budget is spent), or move its next probe if paused."""
+        board = self.board
+        pause = board.pauses.pause_of(slot)
+        if pause is not None:
+            event = board.pauses.failed(slot, kind, board.clock(), self._sent_at(request), 1, policy.backoff, self.rng)
+        else:
+            event = PauseEvent(True, False, board.pauses.pause(slot, kind, board.clock(), policy.backoff, self.rng))
+        self._carry_out(slot, kind, event, why)
+        return event
+
+    def _carry_out(self, slot: str, kind: str, event: PauseEvent, why: str) -> None:
+        if event.wait:
+            # The cooldown keeps the slot on the board (the queue asks only slots it holds)
+            # and sends back what waits in the downloader slot.
+            self.board.cool(slot, event.wait, 0.0)
+            self.extension.send_back(slot)
+            # A queue that asked while the probe was out holds the slot until the probe's timeout.
+            self.extension.sooner(slot)
+        if not event.started:
+            return
+        self.stats.inc_value("retry_after/host_paused")
+        logger.warning(
+            "Host %(slot)s looks down (%(why)s): pausing it, one probe per interval, the first in %(wait).2fs; "
+            "requests held meanwhile spend none of their retries",
+            {"slot": slot, "why": why, "wait": event.wait},
+            extra={"spider": self.crawler.spider},
+        )
+
+    def answered(self, slot: str) -> None:
+        """``slot`` answered with something other than an outage failure: its pause, if any, ends."""
+        if not self.board.pauses:
+            return
+        lasted = self.board.pauses.answered(slot, self.board.clock())
+        if lasted is None:
+            return
+        self.stats.inc_value("retry_after/host_resumed")
+        self.extension.sooner(slot)
+        logger.info(
+            "Host %(slot)s answers again after a %(lasted).2fs pause: its held requests go out",
+            {"slot": slot, "lasted": lasted},
+            extra={"spider": self.crawler.spider},
+        )
