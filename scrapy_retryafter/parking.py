@@ -218,7 +218,7 @@ class Parking:
     def _spider_idle(self, **kwargs: Any) -> None:
         if self.loader is None:
             return
-        if self.loader.loading:
+        if self.loader.refill(idle=True):
             raise DontCloseSpider("the park file is being read")
         if self.loader.pending:
             raise DontCloseSpider(f"{self.loader.pending} parked request(s) wait for their not_before")
@@ -227,6 +227,8 @@ class Parking:
 
     def _flush(self) -> None:
         """Mark handled records done, in the worker: the reactor only swaps a set."""
+        if self.loader is not None:
+            self.loader.refill()
         if not self.tracker.done or self._flushing is not None or self._worker is None:
             return
         done = self.tracker.take_done()
