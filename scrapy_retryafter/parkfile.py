@@ -88,8 +88,9 @@ class ParkFile(CompactingLog):
         setting: str = "RETRY_AFTER_PARK_FILE",
         write: Callable[[int, bytes], int] = os.write,
         fsync: Callable[[int], None] = os.fsync,
+        trusted_uid: int | None = None,
     ) -> None:
-        super().__init__(path, setting=setting, write=write, fsync=fsync)
+        super().__init__(path, setting=setting, write=write, fsync=fsync, trusted_uid=trusted_uid)
         _live_handles[self.owner.nonce] = self
 
     def __enter__(self) -> ParkFile:
@@ -307,9 +308,9 @@ def _of_spider(entry: Entry, spider: str | None) -> bool:
     return spider is None or not entry.spider or entry.spider == spider
 
 
-def read_log(path: str | os.PathLike[str]) -> Fold:
+def read_log(path: str | os.PathLike[str], trusted_uid: int | None = None) -> Fold:
     """The park file at ``path`` folded, read without its lock (for the command line)."""
-    handle = ParkFile(path)
+    handle = ParkFile(path, trusted_uid=trusted_uid)
     try:
         handle.check()
         return handle.read()
