@@ -26,7 +26,7 @@ def _record(url: str) -> ParkRecord:
 
 
 def _chown_tree(root, uid: int) -> None:
-    for folder, dirs, files in os.walk(root):
+    for folder, _dirs, files in os.walk(root):
         os.chown(folder, uid, uid)
         for name in files:
             os.chown(os.path.join(folder, name), uid, uid)
