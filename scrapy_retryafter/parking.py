@@ -98,6 +98,10 @@ def project_owner(park_file: Path, configured: bool) -> int | None:
     return root.st_uid or None
 
 
+def _park_file(path: Path, config: Config) -> ParkFile:
+    return ParkFile(path, trusted_uid=project_owner(path, bool(config.park_file)))
+
+
 def _name_refused(name: Any) -> str | None:
     if not isinstance(name, str) or not name:
         return "the spider has no name, and parked requests are kept per spider name"
@@ -224,8 +228,7 @@ class Parking:
             self._refuse(f"{refused}; nothing can be parked (give the spider a name)")
             return
         self.spider_name = name  # type: ignore[assignment]  # a str: checked by _name_refused
-        path = park_file_path(self.config.park_file, self.jobdir, self.spider_name)
-        self.file = ParkFile(path, trusted_uid=project_owner(path, bool(self.config.park_file)))
+        self.file = _park_file(park_file_path(self.config.park_file, self.jobdir, self.spider_name), self.config)
         try:
             self.file.check()
         except ParkFileError as error:
@@ -245,12 +248,9 @@ class Parking:
         logger.error("Park file: %(why)s", {"why": why}, extra={"spider": self.crawler.spider})
 
     def _spider_idle(self, **kwargs: Any) -> None:
-        if self.loader is None:
-            return
-        if self.loader.refill(idle=True):
-            raise DontCloseSpider("the park file is being read")
-        if self.loader.pending:
-            raise DontCloseSpider(f"{self.loader.pending} parked request(s) wait for their not_before")
+        why = self.loader.keeps_open() if self.loader is not None else None
+        if why is not None:
+            raise DontCloseSpider(why)
 
     # -- removing and closing -------------------------------------------------------------
 

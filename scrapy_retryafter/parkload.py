@@ -95,17 +95,27 @@ class ParkLoader:
         self.worker.run(self._claim, self._loaded, time.time())
 
     def refill(self, idle: bool = False) -> bool:
-        """Claim the next batch if the last one left some and this run's are running low (or the
-        engine is idle); whether a claim is under way."""
+        """Claim the next batch if the last one left some and this run's loaded requests are
+        running low; whether a claim is under way. Records waiting for a later not_before count:
+        a batch due in an hour is held in memory once, not claimed again at every idle round."""
         if self.loading:
             return True
         if self.closed or not self.more:
             return False
-        if not idle and len(self._waiting) + len(self.tracker.live) >= REFILL_BELOW:
+        # Idle, nothing of the batch is in the crawl (a request the tracker missed cannot hold it up).
+        if len(self._waiting) + (0 if idle else len(self.tracker.live)) >= REFILL_BELOW:
             return False
         self.more = 0
         self.start()
         return True
+
+    def keeps_open(self) -> str | None:
+        """Why the idle spider must stay open (a claim under way or to make, requests waiting), if it must."""
+        if self.refill(idle=True):
+            return "the park file is being read"
+        if self._waiting:
+            return f"{len(self._waiting)} parked request(s) wait for their not_before"
+        return None
 
     def _claim(self, now: float) -> Claimed:
         name = self.spider_name
