@@ -248,10 +248,9 @@ class ParkFile(CompactingLog):
                     bad.append(Bad(line, str(error), record_id, entry.url[:200]))
         ids = [record.id for record in chosen] or [record_id for _, record_id, _ in lines]
         if ids:
-            end = os.fstat(fd).st_size
-            os.lseek(fd, end, os.SEEK_SET)
+            end = self._seek_end(fd)
             try:
-                self._write_all(fd, self._changes("claim", ids))
+                self._write_all(fd, self._after_torn(fd, end) + self._changes("claim", ids))
                 self._fsync(fd)
             except OSError as error:
                 self._cut_back(fd, end)
@@ -275,10 +274,9 @@ class ParkFile(CompactingLog):
                 try:
                     ids = [key for key, entry in fold.records.items() if _of_spider(entry, spider)]
                     if len(ids) < len(fold.records):  # other spiders' records stay
-                        size = os.fstat(fd).st_size
-                        os.lseek(fd, size, os.SEEK_SET)
+                        size = self._seek_end(fd)
                         try:
-                            self._write_all(fd, self._changes("done", ids))
+                            self._write_all(fd, self._after_torn(fd, size) + self._changes("done", ids))
                             self._fsync(fd)
                         except OSError as error:
                             self._cut_back(fd, size)

@@ -352,10 +352,8 @@ class LockedFile:
             if fd is None:
                 return
             try:
-                size = os.fstat(fd).st_size
-                if size and os.pread(fd, 1, size - 1) != b"\n":
-                    data = b"\n" + data  # a torn line stays a line of its own
-                os.lseek(fd, size, os.SEEK_SET)
+                size = self._seek_end(fd)
+                data = self._after_torn(fd, size) + data
                 try:
                     self._write_all(fd, data)
                     self._fsync(fd)
@@ -372,6 +370,16 @@ class LockedFile:
                 self._fsync_dir(dir_fd)
         finally:
             os.close(dir_fd)
+
+    def _seek_end(self, fd: int) -> int:
+        size = os.fstat(fd).st_size
+        os.lseek(fd, size, os.SEEK_SET)
+        return size
+
+    def _after_torn(self, fd: int, size: int) -> bytes:
+        """A newline to write first when the file ends in a torn line: it stays a line of its own,
+        and what is appended (a claim, a removal) is not glued to it and lost."""
+        return b"\n" if size and os.pread(fd, 1, size - 1) != b"\n" else b""
 
     def _cut_back(self, fd: int, size: int) -> None:
         try:

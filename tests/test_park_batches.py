@@ -133,3 +133,23 @@ def test_the_loader_s_bounds_are_a_few_thousand_records_and_a_few_mb():
     assert 1 << 20 <= parkload.CLAIM_BYTES <= 64 << 20
     assert parkload.CLAIM_BYTES >= 16 * 1024 * 1024  # MAX_LINE: the largest record fits a batch of its own
     assert 0 < parkload.REFILL_BELOW < parkload.CLAIM_RECORDS
+
+
+def test_a_record_line_written_by_hand_is_claimed_by_its_bytes_and_a_claim_after_a_torn_tail_holds(tmp_path):
+    path = tmp_path / "parked.jsonl"
+    first, second = _records(2)
+    with ParkFile(path) as lot:
+        lot.add(first)
+    with open(path, "a") as out:
+        out.write("   " + second.to_line())
+        out.write('{"id": "torn')  # a writer that died mid-line
+    with ParkFile(path) as lot:
+        claimed = lot.claim(_take_all, parse=False, limit=1)
+        assert _ids(claimed) == [first.id] and claimed.more == 1
+        assert [bad.why for bad in claimed.bad] == ["torn line (no newline at the end)"]
+        claimed = lot.claim(_take_all, parse=False, limit=1)
+        assert [line for _, _, line in claimed.lines] == [("   " + second.to_line()).encode()]
+        assert [bad.why for bad in claimed.bad] == ["not a JSON line (a torn write?)"]  # a line of its own now
+        assert ParkRecord.from_line(claimed.lines[0][2].decode()).url == second.url
+        # Claims appended after the torn line were not glued to it: both hold, nothing is free.
+        assert lot.claim(_take_all, parse=False).lines == []
