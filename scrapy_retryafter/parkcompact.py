@@ -35,7 +35,7 @@ _CHILD_TIMEOUT = 600.0
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CHILD = (
     "import sys; sys.path.append(sys.argv[1]); "
-    "from scrapy_retryafter.parkcompact import _child_main; sys.exit(_child_main(sys.argv[2]))"
+    "from scrapy_retryafter.parkcompact import _child_main; sys.exit(_child_main(*sys.argv[2:4]))"
 )
 
 
@@ -49,8 +49,9 @@ class CompactingLog(LockedFile):
         setting: str,
         write: Callable[[int, bytes], int] = os.write,
         fsync: Callable[[int], None] = os.fsync,
+        trusted_uid: int | None = None,
     ) -> None:
-        super().__init__(path, setting=setting, write=write, fsync=fsync)
+        super().__init__(path, setting=setting, write=write, fsync=fsync, trusted_uid=trusted_uid)
         self.owner = this_process_owner()
         self._mutex = threading.Lock()
         self._tombstones = 0
@@ -121,7 +122,8 @@ class CompactingLog(LockedFile):
         self._tombstones = 0  # on failure too: tried again after as many removals, not at every flush
         try:
             child = subprocess.run(
-                [sys.executable, "-I", "-S", "-c", _CHILD, _PACKAGE_ROOT, os.fspath(self.path)],
+                [sys.executable, "-I", "-S", "-c", _CHILD, _PACKAGE_ROOT, os.fspath(self.path),
+                 "" if self.trusted_uid is None else str(self.trusted_uid)],
                 stdin=subprocess.DEVNULL, capture_output=True, timeout=_CHILD_TIMEOUT, check=False,
             )
         except (OSError, subprocess.SubprocessError):
@@ -254,13 +256,19 @@ class CompactingLog(LockedFile):
 
 
 
-def _child_main(path: str) -> int:
-    """The child of ``compact_apart``: compact the park file at ``path``, print the records left."""
+def _child_main(path: str, trusted_uid: str = "") -> int:
+    """The child of ``compact_apart``: compact the park file at ``path``, print the records left.
+
+    ``trusted_uid`` is the parent's (empty for none), as digits: anything else is refused.
+    """
     try:
-        log = CompactingLog(path, setting="RETRY_AFTER_PARK_FILE")
+        if trusted_uid and not (trusted_uid.isascii() and trusted_uid.isdigit() and len(trusted_uid) <= 10):
+            raise ValueError(f"not a uid: {trusted_uid[:20]!r}")
+        log = CompactingLog(path, setting="RETRY_AFTER_PARK_FILE",
+                            trusted_uid=int(trusted_uid) if trusted_uid else None)
         log.check()
         print(log.compact())
-    except OSError as error:
+    except (OSError, ValueError) as error:
         print(f"{type(error).__name__}: {error}", file=sys.stderr)
         return 1
     return 0

@@ -74,6 +74,8 @@ class Claimed:
     bad: list[Bad]
     lines: list[tuple[float, str, bytes]] = field(default_factory=list)
     """With ``parse=False``: (not_before, id, line) per claimed record, instead of ``records``."""
+    more: int = 0
+    """Free records this claim would have taken but for its bounds: due now, left for the next claim."""
 
 
 class ParkFile(CompactingLog):
@@ -86,8 +88,9 @@ class ParkFile(CompactingLog):
         setting: str = "RETRY_AFTER_PARK_FILE",
         write: Callable[[int, bytes], int] = os.write,
         fsync: Callable[[int], None] = os.fsync,
+        trusted_uid: int | None = None,
     ) -> None:
-        super().__init__(path, setting=setting, write=write, fsync=fsync)
+        super().__init__(path, setting=setting, write=write, fsync=fsync, trusted_uid=trusted_uid)
         _live_handles[self.owner.nonce] = self
 
     def __enter__(self) -> ParkFile:
@@ -148,30 +151,32 @@ class ParkFile(CompactingLog):
             os.close(dir_fd)
         return fold
 
-    def _read_then_lock(self, dir_fd: int) -> tuple[int, Fold, int] | None:
+    def _read_then_lock(self, dir_fd: int, keep_lines: bool = True) -> tuple[int, Fold, int] | None:
         """The log folded: most of it read before taking the lock, the rest under it.
 
         The first descriptor stays open until the comparison under the lock,
-        so its inode cannot be freed and reused by a compaction meanwhile.
+        so its inode cannot be freed and reused by a compaction meanwhile
+        (and offsets a fold without lines keeps are offsets in the locked file).
         """
         try:
             fd = self._open_in(dir_fd, self.path.name, os.O_RDONLY)
         except FileNotFoundError:
             return None
         try:
-            fold, offset = Fold(), 0
+            fold, offset = Fold(keep_lines), 0
             before = _identity(os.fstat(fd))
             for line, offset, kind in _lines(fd, 0, complete=False, end=_committed(fd)):  # noqa: B007 (read after)
-                _apply_line(fold, line, kind)
+                _apply_line(fold, line, kind, offset)
             locked = self._locked(dir_fd, create=False)
             if locked is None:
                 return None
             try:
                 if _identity(os.fstat(locked)) != before:
-                    fold, offset = Fold(), 0  # compacted meanwhile: read it all under the lock
+                    fold.empty()
+                    fold, offset = Fold(keep_lines), 0  # compacted meanwhile: read it all under the lock
                 end = offset
                 for line, end, kind in _lines(locked, offset, complete=True):  # noqa: B007 (read after)
-                    _apply_line(fold, line, kind)
+                    _apply_line(fold, line, kind, end)
             except BaseException:
                 os.close(locked)
                 raise
@@ -179,59 +184,79 @@ class ParkFile(CompactingLog):
         finally:
             os.close(fd)
 
-    def claim(self, take: Callable[[Entry], bool | None], parse: bool = True) -> Claimed:
+    def claim(self, take: Callable[[Entry], bool | None], parse: bool = True,
+              limit: int | None = None, max_bytes: int | None = None) -> Claimed:
         """Claim the free records ``take`` says yes to; None from it means "later", False "not ours".
 
-        One lock around reading the tail, choosing and appending the claim.
-        With ``parse=False`` the claimed records come back as their lines
-        (bytes: no objects for the garbage collector to walk), each already
-        checked by the fold.
+        At most ``limit`` records and ``max_bytes`` of their lines (always one,
+        however large); ``more`` counts those left for the next claim. One lock
+        around reading the tail, choosing and appending the claim. With
+        ``parse=False`` the claimed records come back as their lines (bytes: no
+        objects for the garbage collector to walk), each already checked by the
+        fold, and the fold keeps no lines: only the batch's are read again.
         """
         dir_fd = self._dir(False)
         if dir_fd is None:
             return Claimed([], 0, [])
         try:
             with self._mutex, _no_gc_pauses():
-                state = self._read_then_lock(dir_fd)
+                state = self._read_then_lock(dir_fd, keep_lines=parse)
                 if state is None:
                     return Claimed([], 0, [])
                 fd, fold, _ = state
                 try:
-                    chosen: list[ParkRecord] = []
-                    lines: list[tuple[float, str, bytes]] = []
-                    later = 0
-                    bad = list(fold.bad)
-                    for count, record_id in enumerate(list(fold.free())):
-                        if not count % 32:
-                            time.sleep(0)
-                        entry = fold.records[record_id]
-                        verdict = take(entry)
-                        if verdict is None:
-                            later += 1
-                        elif verdict and not parse:
-                            lines.append((entry.not_before, record_id, entry.line))
-                        elif verdict:
-                            try:
-                                chosen.append(entry.record())
-                            except (ValueError, UnicodeDecodeError) as error:
-                                bad.append(Bad(entry.line, str(error), record_id, entry.url[:200]))
-                    ids = [record.id for record in chosen] or [record_id for _, record_id, _ in lines]
-                    if ids:
-                        size = os.fstat(fd).st_size
-                        os.lseek(fd, size, os.SEEK_SET)
-                        try:
-                            self._write_all(fd, self._changes("claim", ids))
-                            self._fsync(fd)
-                        except OSError as error:
-                            self._cut_back(fd, size)
-                            raise ParkFileError(error.errno or errno.EIO,
-                                                f"could not claim records in {self.path}: {error}") from error
-                    return Claimed(chosen, later, bad, lines)
+                    return self._choose(fd, fold, take, parse, limit, max_bytes)
                 finally:
                     os.close(fd)
                     fold.empty()
         finally:
             os.close(dir_fd)
+
+    def _choose(self, fd: int, fold: Fold, take: Callable[[Entry], bool | None], parse: bool,
+                limit: int | None, max_bytes: int | None) -> Claimed:
+        chosen: list[ParkRecord] = []
+        lines: list[tuple[float, str, bytes]] = []
+        later = more = size = 0
+        bad = list(fold.bad)
+        for count, record_id in enumerate(list(fold.free())):
+            if not count % 32:
+                time.sleep(0)
+            entry = fold.records[record_id]
+            verdict = take(entry)
+            if verdict is None:
+                later += 1
+                continue
+            if not verdict:
+                continue
+            length = entry.size or len(entry.line)
+            taken = len(chosen) + len(lines)
+            if taken and ((limit is not None and taken >= limit)
+                          or (max_bytes is not None and size + length > max_bytes)):
+                more += 1
+                continue
+            line = entry.line or _reread(fd, entry)
+            if line is None:
+                continue  # rewritten without the lock (not by this package): left free, not claimed
+            if not parse:
+                size += length
+                lines.append((entry.not_before, record_id, line))
+            else:
+                try:
+                    chosen.append(entry.record())
+                    size += length
+                except (ValueError, UnicodeDecodeError) as error:
+                    bad.append(Bad(line, str(error), record_id, entry.url[:200]))
+        ids = [record.id for record in chosen] or [record_id for _, record_id, _ in lines]
+        if ids:
+            end = self._seek_end(fd)
+            try:
+                self._write_all(fd, self._after_torn(fd, end) + self._changes("claim", ids))
+                self._fsync(fd)
+            except OSError as error:
+                self._cut_back(fd, end)
+                raise ParkFileError(error.errno or errno.EIO,
+                                    f"could not claim records in {self.path}: {error}") from error
+        return Claimed(chosen, later, bad, lines, more)
 
     def clear(self, spider: str | None = None) -> int:
         """Drop every record (claimed or not), or only ``spider``'s (and those of no spider), in a
@@ -249,10 +274,9 @@ class ParkFile(CompactingLog):
                 try:
                     ids = [key for key, entry in fold.records.items() if _of_spider(entry, spider)]
                     if len(ids) < len(fold.records):  # other spiders' records stay
-                        size = os.fstat(fd).st_size
-                        os.lseek(fd, size, os.SEEK_SET)
+                        size = self._seek_end(fd)
                         try:
-                            self._write_all(fd, self._changes("done", ids))
+                            self._write_all(fd, self._after_torn(fd, size) + self._changes("done", ids))
                             self._fsync(fd)
                         except OSError as error:
                             self._cut_back(fd, size)
@@ -269,14 +293,22 @@ class ParkFile(CompactingLog):
             os.close(dir_fd)
 
 
+def _reread(fd: int, entry: Entry) -> bytes | None:
+    """A record's line read again by its offset (under the lock: only appends happen meanwhile)."""
+    line = os.pread(fd, entry.size, entry.at)
+    if len(line) != entry.size or not line.endswith(b"\n"):
+        return None
+    return line
+
+
 def _of_spider(entry: Entry, spider: str | None) -> bool:
     """The record is ``spider``'s as a crawl of it would load it (a record of no spider is anyone's)."""
     return spider is None or not entry.spider or entry.spider == spider
 
 
-def read_log(path: str | os.PathLike[str]) -> Fold:
+def read_log(path: str | os.PathLike[str], trusted_uid: int | None = None) -> Fold:
     """The park file at ``path`` folded, read without its lock (for the command line)."""
-    handle = ParkFile(path)
+    handle = ParkFile(path, trusted_uid=trusted_uid)
     try:
         handle.check()
         return handle.read()

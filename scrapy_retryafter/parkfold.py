@@ -33,6 +33,9 @@ class Entry:
     reason: str
     url: str
     not_before: float
+    at: int = -1
+    """Where the line starts in the file, when the fold keeps no lines (``line`` is then empty)."""
+    size: int = 0
 
     def record(self) -> ParkRecord:
         return ParkRecord.from_line(self.line.decode("ascii"))
@@ -51,7 +54,10 @@ class Bad:
 class Fold:
     """The log read in order: live records, claims, and the lines that are no record."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_lines: bool = True) -> None:
+        """Without ``keep_lines``, a record is kept as where its line is, not its bytes: a claim
+        of a batch then holds only the batch's lines, never the whole file's."""
+        self.keep_lines = keep_lines
         self.records: dict[str, Entry] = {}
         self.claims: dict[str, Owner] = {}
         self.claimed_at: dict[str, float] = {}
@@ -59,7 +65,8 @@ class Fold:
         self.bad: list[Bad] = []
         self.lines = 0
 
-    def apply(self, line: bytes) -> None:
+    def apply(self, line: bytes, end: int | None = None) -> None:
+        """Fold one line; ``end`` is the file offset just after it."""
         if not line.strip():
             return
         self.lines += 1
@@ -83,7 +90,12 @@ class Fold:
                 ))
                 return
             self.records.pop(record.id, None)
-            self.records[record.id] = Entry(line, record.spider, record.slot, record.reason, record.url, record.not_before)
+            if self.keep_lines or end is None:
+                entry = Entry(line, record.spider, record.slot, record.reason, record.url, record.not_before)
+            else:
+                entry = Entry(b"", record.spider, record.slot, record.reason, record.url, record.not_before,
+                              end - len(line), len(line))
+            self.records[record.id] = entry
             self.claims.pop(record.id, None)
             self.claimed_at.pop(record.id, None)
             return
@@ -193,14 +205,13 @@ def _lines(fd: int, offset: int, complete: bool, end: int | None = None) -> Iter
         yield pending, position, LONG if skipping else TORN
 
 
-def _apply_line(fold: Fold, line: bytes, kind: str) -> None:
+def _apply_line(fold: Fold, line: bytes, kind: str, end: int | None = None) -> None:
     if kind == LONG:
         fold.bad.append(Bad(line + b"...\n", f"a line longer than {MAX_LINE} bytes"))
     elif kind == TORN:
         fold.bad.append(Bad(line + b"\n", "torn line (no newline at the end)"))
     else:
-        fold.apply(line)
-
+        fold.apply(line, end)
 
 
 def summarize(entries: Iterable[Entry]) -> Iterator[tuple[str, int, dict[str, int], float]]:

@@ -25,12 +25,14 @@ import concurrent.futures
 import functools
 import logging
 import os
+import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 from scrapy.exceptions import DontCloseSpider
+from scrapy.utils.conf import closest_scrapy_cfg
 from scrapy.utils.project import data_path
 
 from . import parklock
@@ -70,6 +72,36 @@ def park_file_path(configured: str | None, jobdir: str | None, spider_name: str)
     return Path(data_path(f"retry_after/{spider_name}.parked.jsonl", createdir=False))
 
 
+def project_owner(park_file: Path, configured: bool) -> int | None:
+    """As root, the uid owning the project root (the directory holding scrapy.cfg), else None.
+
+    A container's root over a bind-mounted project: that user can already
+    change the code root runs, so refusing their directories protects nothing.
+    The project is found as Scrapy finds it (from the working directory), or
+    from the park file's directory when RETRY_AFTER_PARK_FILE names it. A
+    scrapy.cfg that is a symlink, or owned by someone else than its directory,
+    gives no trust.
+    """
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return None
+    found = closest_scrapy_cfg()
+    if not found and configured:
+        found = closest_scrapy_cfg(os.path.dirname(os.path.abspath(park_file)))
+    if not found:
+        return None
+    try:
+        root, cfg = os.lstat(os.path.dirname(found)), os.lstat(found)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(root.st_mode) or not stat.S_ISREG(cfg.st_mode) or cfg.st_uid != root.st_uid:
+        return None
+    return root.st_uid or None
+
+
+def _park_file(path: Path, config: Config) -> ParkFile:
+    return ParkFile(path, trusted_uid=project_owner(path, bool(config.park_file)))
+
+
 def _name_refused(name: Any) -> str | None:
     if not isinstance(name, str) or not name:
         return "the spider has no name, and parked requests are kept per spider name"
@@ -98,7 +130,7 @@ class Parking:
                 "set RETRY_AFTER_PARKING = False"
             )
         if config.park_file:
-            probe = ParkFile(config.park_file)
+            probe = ParkFile(config.park_file, trusted_uid=project_owner(Path(config.park_file), True))
             try:
                 probe.check()
             except ParkFileError as error:
@@ -196,7 +228,7 @@ class Parking:
             self._refuse(f"{refused}; nothing can be parked (give the spider a name)")
             return
         self.spider_name = name  # type: ignore[assignment]  # a str: checked by _name_refused
-        self.file = ParkFile(park_file_path(self.config.park_file, self.jobdir, self.spider_name))
+        self.file = _park_file(park_file_path(self.config.park_file, self.jobdir, self.spider_name), self.config)
         try:
             self.file.check()
         except ParkFileError as error:
@@ -216,17 +248,16 @@ class Parking:
         logger.error("Park file: %(why)s", {"why": why}, extra={"spider": self.crawler.spider})
 
     def _spider_idle(self, **kwargs: Any) -> None:
-        if self.loader is None:
-            return
-        if self.loader.loading:
-            raise DontCloseSpider("the park file is being read")
-        if self.loader.pending:
-            raise DontCloseSpider(f"{self.loader.pending} parked request(s) wait for their not_before")
+        why = self.loader.keeps_open() if self.loader is not None else None
+        if why is not None:
+            raise DontCloseSpider(why)
 
     # -- removing and closing -------------------------------------------------------------
 
     def _flush(self) -> None:
         """Mark handled records done, in the worker: the reactor only swaps a set."""
+        if self.loader is not None:
+            self.loader.refill()
         if not self.tracker.done or self._flushing is not None or self._worker is None:
             return
         done = self.tracker.take_done()

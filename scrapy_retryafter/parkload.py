@@ -1,6 +1,9 @@
 """Loading the park file on the Scrapy side: claim what is due, rebuild it, crawl each at its time.
 
-The claim runs in the park worker. The claimed records wait for their
+The claim runs in the park worker and takes a bounded batch (``CLAIM_RECORDS``,
+``CLAIM_BYTES``); the next batch is claimed when this run's loaded requests
+run low, so processes that share a backlog each take a part of it, and a
+crawl holds one batch in memory, never the whole file. The claimed records wait for their
 ``not_before`` as their lines, in one heap under one timer (closing with
 100,000 waiting costs one cancel, not 100,000), and each is rebuilt into a
 request only when due, a few milliseconds of them per loop turn.
@@ -36,6 +39,15 @@ logger = logging.getLogger("scrapy_retryafter.parking")
 
 _SLICE = 0.003
 """Seconds of rebuilding or crawling per loop turn."""
+CLAIM_RECORDS = 10_000
+"""Records per claim. Each claim folds the whole file again (about 1 s of worker time at
+100,000 records): 10,000 keeps that to ten folds per 100,000 waiting, while a process starting
+a moment later still finds most of a large backlog free."""
+CLAIM_BYTES = 32 * 1024 * 1024
+"""Bytes of record lines per claim: the memory a batch may hold (records with large bodies
+make smaller batches). A single record over it (up to MAX_LINE) is claimed alone."""
+REFILL_BELOW = CLAIM_RECORDS // 4
+"""The next batch is claimed when fewer loaded requests than this are waiting or in the crawl."""
 _WARNINGS = 20
 """Set-aside lines named one WARNING each; past these, one line counts the rest."""
 
@@ -68,6 +80,9 @@ class ParkLoader:
         self._timer: Any = None
         self._timer_at = 0.0
         self._warned = 0
+        self.more = 0
+        """Due records the last claim left in the file for the next one."""
+        self.claims = 0
 
     @property
     def pending(self) -> int:
@@ -76,7 +91,31 @@ class ParkLoader:
 
     def start(self) -> None:
         self.loading = True
+        self.claims += 1
         self.worker.run(self._claim, self._loaded, time.time())
+
+    def refill(self, idle: bool = False) -> bool:
+        """Claim the next batch if the last one left some and this run's loaded requests are
+        running low; whether a claim is under way. Records waiting for a later not_before count:
+        a batch due in an hour is held in memory once, not claimed again at every idle round."""
+        if self.loading:
+            return True
+        if self.closed or not self.more:
+            return False
+        # Idle, nothing of the batch is in the crawl (a request the tracker missed cannot hold it up).
+        if len(self._waiting) + (0 if idle else len(self.tracker.live)) >= REFILL_BELOW:
+            return False
+        self.more = 0
+        self.start()
+        return True
+
+    def keeps_open(self) -> str | None:
+        """Why the idle spider must stay open (a claim under way or to make, requests waiting), if it must."""
+        if self.refill(idle=True):
+            return "the park file is being read"
+        if self._waiting:
+            return f"{len(self._waiting)} parked request(s) wait for their not_before"
+        return None
 
     def _claim(self, now: float) -> Claimed:
         name = self.spider_name
@@ -88,13 +127,14 @@ class ParkLoader:
                 return None
             return True
 
-        claimed = self.file.claim(take, parse=False)
+        claimed = self.file.claim(take, parse=False, limit=CLAIM_RECORDS, max_bytes=CLAIM_BYTES)
         self.claimed_in_worker.update(record_id for _, record_id, _ in claimed.lines)
         return claimed
 
     def _loaded(self, claimed: Claimed | None, error: BaseException | None) -> None:
         if error is not None or claimed is None:
             self.loading = False
+            self.more = 0
             logger.error(
                 "Park file %(path)s could not be read (%(error)s): nothing was loaded from it",
                 {"path": self.file.path, "error": error}, extra={"spider": self.crawler.spider},
@@ -112,6 +152,7 @@ class ParkLoader:
             )
         if claimed.bad:
             self.worker.run(self._set_aside, self._set_aside_failed, [])
+        self.more = claimed.more
         self._schedule(claimed, 0)
 
     def _schedule(self, claimed: Claimed, start: int) -> None:
@@ -140,12 +181,13 @@ class ParkLoader:
         if lines or claimed.later:
             logger.info(
                 "Park file %(path)s: %(loaded)d request(s) due within their max delay rescheduled, "
-                "%(later)d due later left in the file",
-                {"path": self.file.path, "loaded": len(lines), "later": claimed.later},
+                "%(more)d more left for the next batch, %(later)d due later left in the file",
+                {"path": self.file.path, "loaded": len(lines), "more": claimed.more, "later": claimed.later},
                 extra={"spider": self.crawler.spider},
             )
         if not self.closed and not lines:
             nudge_engine(self.crawler)  # the engine may have gone idle while the file was read
+        self.refill()
 
     def _arm(self) -> None:
         """One timer, for the earliest waiting request."""
@@ -183,6 +225,7 @@ class ParkLoader:
                 break
         else:
             self._arm()
+        self.refill()
         if refused and not self.closed:
             self.worker.run(self._set_aside, self._set_aside_failed, refused)
 

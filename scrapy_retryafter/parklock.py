@@ -100,12 +100,18 @@ def _identity(info: os.stat_result) -> tuple[int, int]:
     return (info.st_dev, info.st_ino)
 
 
-def _check_ours(info: os.stat_result, path: Path, setting: str) -> None:
+def _trusted(uid: int, trusted_uid: int | None) -> bool:
+    """``uid`` is ours, or the project owner's when we run as root (who runs that user's code anyway)."""
+    euid = os.geteuid()
+    return uid == euid or (euid == 0 and trusted_uid is not None and uid == trusted_uid)
+
+
+def _check_ours(info: os.stat_result, path: Path, setting: str, trusted_uid: int | None = None) -> None:
     if stat.S_ISDIR(info.st_mode):
         raise ParkFileError(errno.EISDIR, f"{path} is a directory; {setting} must name a file")
     if not stat.S_ISREG(info.st_mode):
         raise ParkFileError(errno.EINVAL, f"{path} is not a regular file; refusing it ({setting})")
-    if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+    if hasattr(os, "geteuid") and not _trusted(info.st_uid, trusted_uid):
         raise ParkFileError(
             errno.EPERM,
             f"{path} belongs to another user (uid {info.st_uid}); refusing to read or extend it: "
@@ -126,12 +132,13 @@ def _private_group(gid: int) -> bool:
     return gid == user.pw_gid and group.gr_name == user.pw_name and set(group.gr_mem) <= {user.pw_name}
 
 
-def _unsafe_directory(directory: Path, info: os.stat_result) -> str | None:
+def _unsafe_directory(directory: Path, info: os.stat_result, trusted_uid: int | None = None) -> str | None:
     mode = info.st_mode
-    if info.st_uid not in (os.geteuid(), 0):
+    if info.st_uid != 0 and not _trusted(info.st_uid, trusted_uid):
         why = f"it belongs to another user (uid {info.st_uid}), who could replace what is in it"
         if os.geteuid() == 0:  # typically a container's root over a bind-mounted project
-            why += f" (this crawl runs as root: run it as uid {info.st_uid}, e.g. docker run --user {info.st_uid})"
+            why += (f" (this crawl runs as root and trusts only the owner of its project directory, the one "
+                    f"holding scrapy.cfg: run it as uid {info.st_uid}, e.g. docker run --user {info.st_uid})")
         return why
     if mode & stat.S_ISVTX:
         return None
@@ -142,10 +149,11 @@ def _unsafe_directory(directory: Path, info: os.stat_result) -> str | None:
     return None
 
 
-def check_directories(path: Path, setting: str) -> None:
+def check_directories(path: Path, setting: str, trusted_uid: int | None = None) -> None:
     """Refuse ``path``'s directories if another user could swap them (each as written, and resolved).
 
     Directories that do not exist yet are skipped (they will be created ours and 0700).
+    ``trusted_uid`` counts as ours when we run as root (the project's owner).
     """
     absolute = Path(os.path.abspath(path)).parent
     resolved = Path(os.path.realpath(absolute))
@@ -159,7 +167,7 @@ def check_directories(path: Path, setting: str) -> None:
                 raise ParkFileError(error.errno or errno.EIO, f"{directory}: {error.strerror} ({setting})") from None
             if not follow and stat.S_ISLNK(info.st_mode):
                 continue  # its directory is checked here, its target in the resolved chain
-            why = _unsafe_directory(directory, info)
+            why = _unsafe_directory(directory, info, trusted_uid)
             if why is not None:
                 shown = f"{directory} (where {absolute} leads)" if follow and resolved != absolute else str(directory)
                 raise ParkFileError(
@@ -180,9 +188,12 @@ class LockedFile:
         setting: str,
         write: Callable[[int, bytes], int] = os.write,
         fsync: Callable[[int], None] = os.fsync,
+        trusted_uid: int | None = None,
     ) -> None:
         self.path = Path(path)
         self.setting = setting
+        self.trusted_uid = trusted_uid
+        """Besides our own: the uid whose files and directories are accepted when we run as root."""
         self._write = write
         self._fsync = fsync
         self._safe_directory: tuple[int, int] | None = None
@@ -209,7 +220,7 @@ class LockedFile:
                 f"the park file name {self.path.name[:40]!r}... is over {_NAME_MAX - _TEMPORARY_EXTRA} bytes: its "
                 f"compaction's temporary file (.NAME.XXXXXXXX.tmp) would not fit a file name ({self.setting})",
             )
-        check_directories(self.path, self.setting)
+        check_directories(self.path, self.setting, self.trusted_uid)
         try:
             info = os.lstat(self.path)
         except FileNotFoundError:
@@ -218,7 +229,7 @@ class LockedFile:
             raise ParkFileError(errno.ENOTDIR, f"{self.path}: a part of it is not a directory ({self.setting})") from None
         if stat.S_ISLNK(info.st_mode):
             raise ParkFileError(errno.ELOOP, self._symlink_refused(self.path))
-        _check_ours(info, self.path, self.setting)
+        _check_ours(info, self.path, self.setting, self.trusted_uid)
 
     def _symlink_refused(self, path: Path) -> str:
         return (
@@ -234,7 +245,7 @@ class LockedFile:
         try:
             identity = _identity(os.fstat(dir_fd))
             if identity != self._safe_directory:
-                check_directories(self.path, self.setting)
+                check_directories(self.path, self.setting, self.trusted_uid)
                 if _identity(os.stat(self.path.parent)) != identity:
                     raise ParkFileError(errno.EXDEV, f"{self.path.parent} changed while it was checked ({self.setting})")
                 self._safe_directory = identity
@@ -246,7 +257,7 @@ class LockedFile:
     def _open_dir(self, create: bool) -> int | None:
         parent = self.path.parent
         if create:
-            check_directories(self.path, self.setting)  # before creating anything in it
+            check_directories(self.path, self.setting, self.trusted_uid)  # before creating anything in it
             missing = [d for d in (parent, *parent.parents) if not os.path.lexists(d)]
             for directory in reversed(missing):  # each 0700: mkdir(parents=True) gives parents 0777 & ~umask
                 try:
@@ -275,7 +286,7 @@ class LockedFile:
                 raise ParkFileError(errno.EISDIR, f"{path} is a directory; {self.setting} must name a file") from None
             raise
         try:
-            _check_ours(os.fstat(fd), path, self.setting)
+            _check_ours(os.fstat(fd), path, self.setting, self.trusted_uid)
             if stat.S_IMODE(os.fstat(fd).st_mode) != 0o600:
                 os.fchmod(fd, 0o600)
         except BaseException:
@@ -341,10 +352,8 @@ class LockedFile:
             if fd is None:
                 return
             try:
-                size = os.fstat(fd).st_size
-                if size and os.pread(fd, 1, size - 1) != b"\n":
-                    data = b"\n" + data  # a torn line stays a line of its own
-                os.lseek(fd, size, os.SEEK_SET)
+                size = self._seek_end(fd)
+                data = self._after_torn(fd, size) + data
                 try:
                     self._write_all(fd, data)
                     self._fsync(fd)
@@ -361,6 +370,16 @@ class LockedFile:
                 self._fsync_dir(dir_fd)
         finally:
             os.close(dir_fd)
+
+    def _seek_end(self, fd: int) -> int:
+        size = os.fstat(fd).st_size
+        os.lseek(fd, size, os.SEEK_SET)
+        return size
+
+    def _after_torn(self, fd: int, size: int) -> bytes:
+        """A newline to write first when the file ends in a torn line: it stays a line of its own,
+        and what is appended (a claim, a removal) is not glued to it and lost."""
+        return b"\n" if size and os.pread(fd, 1, size - 1) != b"\n" else b""
 
     def _cut_back(self, fd: int, size: int) -> None:
         try:

@@ -57,6 +57,7 @@ class ParkTracker:
     def parked(self, request: Request, record_id: str) -> None:
         if request.meta.get(PARK_ID):
             self.reparked.add(record_id)
+            self.live.pop(record_id, None)  # no longer in this run's batch
         request.meta[PARKED] = True
 
     def take_done(self) -> set[str]:
@@ -89,4 +90,4 @@ class ParkTracker:
     def _settle(self, record_id: str) -> None:
         if self.live[record_id] <= 0 and record_id not in self.reparked:
             self.done.add(record_id)
-            del self.live[record_id]
+            self.live.pop(record_id, None)

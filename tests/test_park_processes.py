@@ -177,3 +177,46 @@ async def test_a_killed_process_claims_come_back_to_the_next_one_and_not_while_i
     assert sorted(fetched) == sorted(urls) and set(fetched.values()) == {1}
     assert after_log.count("PAGE 200") == 3
     assert not park_file.exists() or read_log(park_file).records == {}
+
+
+BATCHES = '''
+import scrapy_retryafter.parkload as parkload
+
+parkload.CLAIM_RECORDS = 5  # a backlog of many batches in a test of seconds
+parkload.REFILL_BELOW = 2
+'''
+
+
+@pytest_twisted.ensureDeferred
+async def test_processes_loading_one_backlog_at_once_each_claim_batches_of_it_and_fetch_each_url_once(server, tmp_path):
+    slow = server.add_host(HostConfig(latency=0.25))
+    server.start()
+    project = make_project(tmp_path / "project")
+    with open(project / "parkproj" / "settings.py", "a") as settings:
+        settings.write(textwrap.dedent(BATCHES))
+    park_file = project / ".scrapy" / "retry_after" / "pages.parked.jsonl"
+    urls = [slow.url(f"/backlog/{n}") for n in range(60)]
+    with ParkFile(park_file) as lot:
+        lot.add_many([
+            ParkRecord(url=url, slot=slow.address, reason="over_cap", attempts=1, not_before=time.time(),
+                       request=None, spider="pages")
+            for url in urls
+        ])
+
+    logs = [tmp_path / f"loader-{i}.log" for i in range(3)]
+    wave = [start_crawl(project, log, []) for log in logs]
+    assert await wait_all(wave, 90) == [0, 0, 0]
+    _check_logs(logs)
+    texts = [log.read_text() for log in logs]
+    shares = [text.count("PAGE 200") for text in texts]
+    batches = [text.count("rescheduled") for text in texts]
+    fetched = collections.Counter(slow.url(a.path) for a in server.arrivals(slow, status=200))
+    assert sorted(fetched) == sorted(urls) and set(fetched.values()) == {1}
+    assert sum(shares) == len(urls) and all(share > 0 for share in shares), shares
+    assert all(count <= 5 for text in texts for count in _batch_sizes(text)), texts
+    assert not park_file.exists() or read_log(park_file).records == {}
+    print(f"60 parked URLs over three processes: {shares} fetched, in {batches} batches")
+
+
+def _batch_sizes(text: str) -> list[int]:
+    return [int(line.split(": ", 2)[-1].split(" ", 1)[0]) for line in text.splitlines() if "rescheduled" in line]
