@@ -22,11 +22,13 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 from . import scrapy_compat
 from .banflag import register_ban_handler
 from .banrules import load_ban_rules
+from .breaker import OPEN
 from .extension import RetryAfterExtension, SlotCoolingDown
 from .failures import PREVIOUS_WAIT, past_deadline, stamp_first_attempt
 from .headers import parse_retry_after
 from .holding import THROTTLES
 from .hostpause import OUTAGE_STATUSES
+from .logstats import RetryAfterLogStats
 from .pausing import Pausing
 from .policy import Decision, SlotPolicy, decide
 from .quota import wants_window
@@ -35,6 +37,7 @@ from .ratelimit import parse_ratelimit, parse_retry_after_ms, speaks_ratelimit
 from .retry_reporting import add_seconds, count_retry
 from .slot_events import SlotEvents
 from .slotfloors import SlotFloors
+from .waitroom import RELEASED, SCHEDULED, WaitingRoom
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -78,6 +81,8 @@ class RetryAfterMiddleware:
         self._pausing = Pausing(crawler, extension, self.rng)
         self._free: weakref.WeakSet[Request] = weakref.WeakSet()
         """Throttled while their host was paused: the retry spends none of their throttles."""
+        self.room = WaitingRoom(crawler, extension)
+        """Middleware-only mode: held slots' scheduled requests wait here, not in the downloader."""
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -90,6 +95,8 @@ class RetryAfterMiddleware:
         crawler.signals.connect(middleware.events.check_neighbours, signal=signals.spider_opened)
         crawler.signals.connect(middleware.events.check_all_retries, signal=signals.spider_opened)
         crawler.signals.connect(middleware._response_downloaded, signal=signals.response_downloaded)
+        crawler.signals.connect(middleware.room.open, signal=signals.spider_opened)
+        RetryAfterLogStats.running_in(crawler)  # the live view and closing table without the add-on too
         return middleware
 
     def process_request(
@@ -111,10 +118,20 @@ class RetryAfterMiddleware:
                 # Left the scheduler before the throttle, reached us after it.
                 raise SlotCoolingDown(slot)
             return None
-        if self.board.ready_at(slot, self._holding[slot] + 1) <= self.board.clock():
+        meta = request.meta
+        scheduled = meta.pop(SCHEDULED, False)
+        if meta.pop(RELEASED, False) and not self._cooled_again(slot):
+            return None  # the waiting room put it back with the board's release
+        if self.board.ready_at(slot, self._holding[slot] + self.room.waiting(slot) + 1) <= self.board.clock():
             self.board.released(slot)
             return None
-        return self._hold(slot, request)
+        if scheduled and self.room.active:
+            return self.room.bounced(request)
+        return self._hold(slot, request)  # it bypassed the scheduler (robots.txt, engine.download)
+
+    def _cooled_again(self, slot: str) -> bool:
+        """Throttled again (or its circuit opened) since the waiting room released the request."""
+        return self.board.remaining(slot) > 0 or self.board.breaker_state(slot) == OPEN
 
     async def _hold(self, slot: str, request: Request) -> Request | None:
         """Without the queue, wait here for the board's release (this holds a download place).
