@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import pytest_twisted
 from scrapy import Request
 
 from scrapy_retryafter.testing.server import HostConfig
 
-from .conftest import ADDON, crawl
+from .conftest import ADDON, ListSpider, crawl
 
 MIDDLEWARE_ONLY = {"DOWNLOADER_MIDDLEWARES": {"scrapy_retryafter.RetryAfterMiddleware": 560}}
 A_PAGES, B_PAGES = 20, 48
@@ -46,3 +48,69 @@ async def test_a_cooling_host_does_not_starve_a_free_one(server, mode, record_pr
     record_property("b_beside", beside)
     print(f"B alone {alone:.3f}s, beside A {beside:.3f}s")
     assert beside <= 1.3 * alone, (alone, beside)
+
+
+@pytest_twisted.ensureDeferred
+async def test_requests_throttled_twice_reach_the_spider_once_each(server):
+    # Two throttle windows: a request waits, is put back, meets the second window and waits again.
+    a = server.add_host(HostConfig(windows=[(0.0, 1.0), (1.5, 2.5)], retry_after="seconds"))
+    server.start()
+    requests = [Request(a.url(f"/{i}"), priority=i % 3) for i in range(12)]  # dont_filter False, errback set
+    crawler = await crawl(requests, {**MIDDLEWARE_ONLY, **SETTINGS, "RETRY_AFTER_MAX_RETRIES": 10})
+    stats = crawler.stats.get_stats()
+    assert sorted(url for url, _ in crawler.spider.seen) == sorted(r.url for r in requests)
+    assert all(status == 200 for _, status in crawler.spider.seen)
+    assert crawler.spider.failures == []
+    assert len(server.arrivals(a, status=200)) == 12  # each fetched once
+    assert stats["retry_after/waiting_room/taken"] >= 12
+    assert stats["retry_after/waiting_room/released"] == stats["retry_after/waiting_room/taken"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_room_puts_back_the_highest_priority_first(server):
+    a = server.add_host(HostConfig(reject_first=1, penalty=1.0), address="127.0.0.2")
+    seed = server.add_host(address="127.0.0.3")
+    server.start()
+
+    class Prioritised(ListSpider):
+        # Not start requests: Scrapy keeps those in a queue of their own.
+        def parse(self, response):
+            super().parse(response)
+            if response.url == seed.url("/"):
+                for p in range(10):
+                    yield Request(a.url(f"/{p}"), priority=p, callback=self.parse, errback=self.failed)
+
+    settings = {**MIDDLEWARE_ONLY, "RETRY_AFTER_ADAPTIVE": False, "RETRY_AFTER_WAKE_JITTER": 0,
+                "DOWNLOAD_SLOTS": {a.address: {"concurrency": 1}}}
+    crawler = await crawl([Request(seed.url("/"))], settings, spider_cls=Prioritised)
+    fetched = [int(x.path.strip("/")) for x in server.arrivals(a, status=200)]
+    assert sorted(fetched) == list(range(10))
+    assert fetched == sorted(fetched, reverse=True), [(x.path, x.status, round(x.t - server.started, 3), x.retry_after) for x in server.arrivals(a)]
+    assert crawler.stats.get_value("retry_after/waiting_room/taken") >= 9
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_jobdir_crawl_fetches_everything_through_the_room(server, tmp_path):
+    a = server.add_host(HostConfig(reject_first=1, penalty=1.0), address="127.0.0.2")
+    b = server.add_host(HostConfig(latency=0.05), address="127.0.0.3")
+    server.start()
+    settings = {**MIDDLEWARE_ONLY, **SETTINGS, "JOBDIR": str(tmp_path / "job")}
+    crawler = await crawl(requests_for(a, b), settings)
+    assert {u for u, s in crawler.spider.seen if s == 200} == {r.url for r in requests_for(a, b)}
+    assert len(server.arrivals(a, status=200)) == A_PAGES
+    assert crawler.stats.get_value("retry_after/waiting_room/taken")
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_middleware_alone_has_the_live_view_the_closing_table_and_one_mode_line(server, caplog):
+    a = server.add_host(HostConfig(reject_first=1, penalty=2.5))
+    server.start()
+    settings = {**MIDDLEWARE_ONLY, "RETRY_AFTER_LOGSTATS_INTERVAL": 1}
+    with caplog.at_level(logging.INFO, logger="scrapy_retryafter"):
+        crawler = await crawl([Request(a.url(f"/{i}")) for i in range(6)], settings)
+    messages = [r.getMessage() for r in caplog.records if r.name.startswith("scrapy_retryafter")]
+    assert len({u for u, s in crawler.spider.seen if s == 200}) == 6
+    assert any(m.startswith(f"Held back {a.address}: ") for m in messages), messages
+    assert any(m.startswith("Rate-limited slots") for m in messages), messages
+    mode = [m for m in messages if m.startswith("Without the add-on: ")]
+    assert len(mode) == 1 and "waiting room" in mode[0] and "RetryMiddleware will not retry" in mode[0], mode
