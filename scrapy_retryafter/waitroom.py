@@ -97,13 +97,11 @@ class WaitingRoom:
         meta = request.meta
         if meta.get(PARKED):
             return  # the park tracker drops it
-        meta[SCHEDULED] = True
-        if meta.get(RELEASED):
-            return
         slot = self.extension.slot_of(request)
-        if not self.held(slot):
+        if meta.get(RELEASED) or not self.held(slot):
+            meta[SCHEDULED] = True
             return
-        del meta[SCHEDULED]
+        # Nothing written to a waiting request: a mark could grow its meta dict.
         by_priority = self._rooms.setdefault(slot, {})
         by_priority.setdefault(request.priority, collections.deque()).append(request)
         self._count[slot] += 1

@@ -13,7 +13,7 @@ from scrapy_retryafter.testing.server import HostConfig
 from .conftest import ADDON, ListSpider, crawl
 
 MIDDLEWARE_ONLY = {"DOWNLOADER_MIDDLEWARES": {"scrapy_retryafter.RetryAfterMiddleware": 560}}
-A_PAGES, B_PAGES = 20, 48
+A_PAGES, B_PAGES = 20, 96
 SETTINGS = {"CONCURRENT_REQUESTS": 8, "RETRY_AFTER_ADAPTIVE": False}
 
 
