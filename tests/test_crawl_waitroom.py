@@ -114,3 +114,17 @@ async def test_the_middleware_alone_has_the_live_view_the_closing_table_and_one_
     assert any(m.startswith("Rate-limited slots") for m in messages), messages
     mode = [m for m in messages if m.startswith("Without the add-on: ")]
     assert len(mode) == 1 and "waiting room" in mode[0] and "RetryMiddleware will not retry" in mode[0], mode
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_closing_with_parking_off_names_the_waiting_requests_it_drops(server, caplog):
+    a = server.add_host(HostConfig(reject_first=1, penalty=30.0))
+    server.start()
+    settings = {**MIDDLEWARE_ONLY, "CLOSESPIDER_TIMEOUT": 2, "RETRY_AFTER_PARKING": False}
+    with caplog.at_level(logging.WARNING, logger="scrapy_retryafter"):
+        crawler = await crawl([Request(a.url(f"/{i}")) for i in range(10)], settings)
+    assert crawler.stats.get_value("finish_reason") == "closespider_timeout"
+    dropped = crawler.stats.get_value("retry_after/waiting_room/lost_at_close")
+    assert dropped == 10
+    lines = [r.getMessage() for r in caplog.records if "were dropped when the crawl closed" in r.getMessage()]
+    assert len(lines) == 1 and a.url("/0") in lines[0]
