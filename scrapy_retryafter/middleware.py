@@ -22,7 +22,6 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 from . import scrapy_compat
 from .banflag import register_ban_handler
 from .banrules import load_ban_rules
-from .breaker import OPEN
 from .extension import RetryAfterExtension, SlotCoolingDown
 from .failures import PREVIOUS_WAIT, past_deadline, stamp_first_attempt
 from .headers import parse_retry_after
@@ -37,7 +36,7 @@ from .ratelimit import parse_ratelimit, parse_retry_after_ms, speaks_ratelimit
 from .retry_reporting import add_seconds, count_retry
 from .slot_events import SlotEvents
 from .slotfloors import SlotFloors
-from .waitroom import RELEASED, SCHEDULED, WaitingRoom
+from .waitroom import WaitingRoom
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -81,8 +80,7 @@ class RetryAfterMiddleware:
         self._pausing = Pausing(crawler, extension, self.rng)
         self._free: weakref.WeakSet[Request] = weakref.WeakSet()
         """Throttled while their host was paused: the retry spends none of their throttles."""
-        self.room = WaitingRoom(crawler, extension)
-        """Middleware-only mode: held slots' scheduled requests wait here, not in the downloader."""
+        self.room = WaitingRoom(crawler, extension)  # without the add-on's queue
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -118,20 +116,10 @@ class RetryAfterMiddleware:
                 # Left the scheduler before the throttle, reached us after it.
                 raise SlotCoolingDown(slot)
             return None
-        meta = request.meta
-        scheduled = meta.pop(SCHEDULED, False)
-        if meta.pop(RELEASED, False) and not self._cooled_again(slot):
-            return None  # the waiting room put it back with the board's release
-        if self.board.ready_at(slot, self._holding[slot] + self.room.waiting(slot) + 1) <= self.board.clock():
-            self.board.released(slot)
-            return None
-        if scheduled and self.room.active:
-            return self.room.bounced(request)
-        return self._hold(slot, request)  # it bypassed the scheduler (robots.txt, engine.download)
-
-    def _cooled_again(self, slot: str) -> bool:
-        """Throttled again (or its circuit opened) since the waiting room released the request."""
-        return self.board.remaining(slot) > 0 or self.board.breaker_state(slot) == OPEN
+        way = self.room.admit(request, slot, self._holding[slot])
+        if way == "hold":  # it bypassed the scheduler (robots.txt, engine.download)
+            return self._hold(slot, request)
+        return None if way == "go" else self.room.bounced(request)
 
     async def _hold(self, slot: str, request: Request) -> Request | None:
         """Without the queue, wait here for the board's release (this holds a download place).

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from scrapy import signals
 from scrapy.exceptions import DontCloseSpider, IgnoreRequest
 
 from . import scrapy_compat
+from .breaker import OPEN
 from .parkrebuild import PARKED
 from .timers import call_later
 
@@ -84,6 +85,22 @@ class WaitingRoom:
         if slot not in self.board or self.board.refused(slot):
             return False  # a refusing slot's requests are given up by the middleware
         return self.board.ready_at(slot, self.waiting(slot) + 1) > self.board.clock()
+
+    def admit(self, request: Request, slot: str, holding: int) -> Literal["go", "bounce", "hold"]:
+        """At the middleware, for a slot on the board: send now ("go", the board's release taken),
+        hand back to the engine ("bounce", it came through the scheduler), or wait in place ("hold")."""
+        meta, board = request.meta, self.board
+        scheduled = meta.pop(SCHEDULED, False)
+        if meta.pop(RELEASED, False) and not self._cooled_again(slot):
+            return "go"  # the room released it on the board already
+        if board.ready_at(slot, holding + self.waiting(slot) + 1) <= board.clock():
+            board.released(slot)
+            return "go"
+        return "bounce" if scheduled and self.active else "hold"
+
+    def _cooled_again(self, slot: str) -> bool:
+        """Throttled again (or its circuit opened) since the room released the request."""
+        return self.board.remaining(slot) > 0 or self.board.breaker_state(slot) == OPEN
 
     def bounced(self, request: Request) -> Request:
         """A scheduled request that reached the middleware while its slot is held: back to the engine."""
