@@ -92,7 +92,6 @@ class RetryAfterMiddleware:
         crawler.signals.connect(middleware.events.check_neighbours, signal=signals.spider_opened)
         crawler.signals.connect(middleware.events.check_all_retries, signal=signals.spider_opened)
         crawler.signals.connect(middleware._response_downloaded, signal=signals.response_downloaded)
-        crawler.signals.connect(middleware.room.open, signal=signals.spider_opened)
         RetryAfterLogStats.running_in(crawler)  # the live view and closing table without the add-on too
         return middleware
 

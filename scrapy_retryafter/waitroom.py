@@ -61,8 +61,9 @@ class WaitingRoom:
         self._count: collections.Counter[str] = collections.Counter()
         self._timer: Any = None
         self._timer_at = float("inf")
+        crawler.signals.connect(self.open, signal=signals.spider_opened)
 
-    def open(self) -> None:
+    def open(self, **kwargs: Any) -> None:
         """Start taking requests: the scheduler's queue does not hold slots (set before spider_opened)."""
         if self.active or self.extension.queue_holds_slots:
             return
