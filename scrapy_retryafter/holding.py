@@ -3,7 +3,9 @@
 Both middlewares give requests up through ``GiveUp``: parked for a later run
 where parking is on and the request may be repeated, otherwise passed on to
 the spider (the caller returns the response or the failure, as Scrapy would).
-Without CooldownAwarePriorityQueue a request can only wait in the downloader,
+Without CooldownAwarePriorityQueue a scheduled request waits in the waiting
+room (waitroom.py); one that bypassed the scheduler (robots.txt,
+``engine.download``) cannot be handed back and waits in the downloader,
 holding a download place: ``DownloaderHold`` is that one wait, and the source
 the park file drains when the crawl closes mid-wait.
 """

@@ -63,6 +63,20 @@ class RetryAfterLogStats:
         crawler.signals.connect(logstats._spider_closed, signal=signals.spider_closed)
         return logstats
 
+    @classmethod
+    def running_in(cls, crawler: Crawler) -> RetryAfterLogStats:
+        """The crawl's instance: the one in EXTENSIONS (the add-on's), else one made here, so that the
+        middleware alone has the live view and the closing table too."""
+        extensions = getattr(crawler, "extensions", None)
+        for component in getattr(extensions, "middlewares", ()):
+            if isinstance(component, cls):
+                return component
+        made: RetryAfterLogStats | None = getattr(crawler, "_retry_after_logstats", None)
+        if made is None:
+            made = cls.from_crawler(crawler)
+            crawler._retry_after_logstats = made  # type: ignore[attr-defined]
+        return made
+
     @property
     def extension(self) -> RetryAfterExtension:
         return RetryAfterExtension.of(self.crawler)

@@ -27,12 +27,14 @@ from .failures import PREVIOUS_WAIT, past_deadline, sent_at, stamp_first_attempt
 from .headers import parse_retry_after
 from .holding import THROTTLES
 from .hostpause import OUTAGE_STATUSES
+from .logstats import RetryAfterLogStats
 from .pausing import Pausing
 from .policy import Decision, decide
 from .quotawatch import QuotaWatch, announced_wait
 from .retry_reporting import add_seconds, count_retry
 from .slot_events import SlotEvents
 from .slotfloors import SlotFloors
+from .waitroom import WaitingRoom
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -76,6 +78,7 @@ class RetryAfterMiddleware:
         self._pausing = Pausing(crawler, extension, self.rng)
         self._free: weakref.WeakSet[Request] = weakref.WeakSet()
         """Throttled while their host was paused: the retry spends none of their throttles."""
+        self.room = WaitingRoom(crawler, extension)  # without the add-on's queue
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -89,6 +92,7 @@ class RetryAfterMiddleware:
         crawler.signals.connect(middleware.events.check_neighbours, signal=signals.spider_opened)
         crawler.signals.connect(middleware.events.check_all_retries, signal=signals.spider_opened)
         crawler.signals.connect(middleware._response_downloaded, signal=signals.response_downloaded)
+        RetryAfterLogStats.running_in(crawler)  # the live view and closing table without the add-on too
         return middleware
 
     def process_request(
@@ -110,10 +114,10 @@ class RetryAfterMiddleware:
                 # Left the scheduler before the throttle, reached us after it.
                 raise SlotCoolingDown(slot)
             return None
-        if self.board.ready_at(slot, self._holding[slot] + 1) <= self.board.clock():
-            self.board.released(slot)
-            return None
-        return self._hold(slot, request)
+        way = self.room.admit(request, slot, self._holding[slot])
+        if way == "hold":  # it bypassed the scheduler (robots.txt, engine.download)
+            return self._hold(slot, request)
+        return None if way == "go" else self.room.bounced(request)
 
     async def _hold(self, slot: str, request: Request) -> Request | None:
         """Without the queue, wait here for the board's release (this holds a download place).

@@ -60,6 +60,13 @@ class ParkTracker:
             self.live.pop(record_id, None)  # no longer in this run's batch
         request.meta[PARKED] = True
 
+    def rescheduled(self, request: Request) -> None:
+        """The request is scheduled again without leaving the crawl (the waiting room's bounce and
+        release): its next ``request_scheduled`` counts it, so this schedule is not counted twice."""
+        record_id = request.meta.get(PARK_ID)
+        if record_id and self._tracking and self.live[record_id] > 0:
+            self.live[record_id] -= 1
+
     def take_done(self) -> set[str]:
         done, self.done = self.done, set()
         return done

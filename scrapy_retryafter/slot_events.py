@@ -92,14 +92,12 @@ class SlotEvents:
     def check_neighbours(self, **kwargs: Any) -> None:
         """Stop stock RetryMiddleware from retrying our codes a second time."""
         codes = self.config.default.http_codes
+        stock_retries = False
         for middleware in scrapy_compat.downloader_middlewares(self.crawler):
             if type(middleware) is ScrapyRetryMiddleware and codes & middleware.retry_http_codes:
                 middleware.retry_http_codes -= codes
-                logger.info(
-                    "Scrapy's RetryMiddleware will not retry %s: RetryAfterMiddleware owns them "
-                    "(ADDONS = {'scrapy_retryafter.Addon': 500} installs a RetryMiddleware that knows it)",
-                    sorted(codes),
-                )
+                stock_retries = True
+        self._say_mode(sorted(codes) if stock_retries else None)
         if self.crawler.settings.getbool("HTTPCACHE_ENABLED"):
             ignored = {int(code) for code in self.crawler.settings.getlist("HTTPCACHE_IGNORE_HTTP_CODES")}
             if not codes <= ignored:
@@ -108,6 +106,29 @@ class SlotEvents:
                     "HTTPCACHE_IGNORE_HTTP_CODES, or use the add-on, which does",
                     sorted(codes - ignored),
                 )
+
+    def _say_mode(self, stock_codes: list[int] | None) -> None:
+        """One INFO line: what differs from the add-on in this crawl, if anything."""
+        alone = not self.extension.queue_holds_slots
+        if not alone and stock_codes is None:
+            return
+        parts = []
+        if alone:
+            parts.append(
+                "a held slot's requests wait in the middleware's waiting room, out of the scheduler "
+                "and the downloader (parked at close, also with JOBDIR)"
+            )
+        if stock_codes is not None:
+            parts.append(f"Scrapy's RetryMiddleware will not retry {stock_codes}: RetryAfterMiddleware owns them")
+        adds = []
+        if alone:
+            adds.append("keeps held requests in the scheduler's queue (JOBDIR saves them with the job)")
+        if not self.extension.all_retries_installed:
+            adds.append("makes every other retry with backoff and the deadline (RETRY_AFTER_ALL_RETRIES)")
+        message = "Without the add-on: " + "; ".join(parts)
+        if adds:
+            message += ". ADDONS = {'scrapy_retryafter.Addon': 500} " + " and ".join(adds)
+        logger.info(message, extra={"spider": self.crawler.spider})
 
     def check_all_retries(self, **kwargs: Any) -> None:
         """RETRY_AFTER_ALL_RETRIES is carried out by our RetryMiddleware: say so if it is missing."""
