@@ -101,6 +101,9 @@ class RetryAfterMiddleware:
             return None
         refused = self.board.refused(slot)
         if refused:
+            parked = self.extension.refusals.park_arriving(request, slot)  # one WARNING per refusal, not per request
+            if parked is not None:
+                return parked
             reason = f"slot refuses requests for {refused:.0f}s more (Retry-After over the cap)"
             parked = self._give_up(request, slot, None, reason, "over_cap", refused)
             if parked is not None:
@@ -125,11 +128,18 @@ class RetryAfterMiddleware:
         self._holding[slot] += 1
         try:
             if not await self.extension.downloader_hold.wait(
-                request, slot, lambda: board.ready_at(slot, self._holding[slot]) - board.clock()
+                request, slot,
+                # Refused while held: leave the wait at once, to be parked below.
+                lambda: 0.0 if board.refused(slot) else board.ready_at(slot, self._holding[slot]) - board.clock(),
             ):
                 wait = max(0.0, board.ready_at(slot, 1) - board.clock())
                 detail = "the crawl closed while it was held"
                 return self._give_up.at_close(request, slot, detail, request.meta.get(THROTTLES, 0), wait)
+            if board.refused(slot):
+                parked = self.extension.refusals.park_arriving(request, slot)
+                if parked is not None:
+                    return parked
+                raise IgnoreRequest(f"{slot} asked for a wait over RETRY_AFTER_MAX_DELAY")
             board.released(slot)
             return None
         finally:
@@ -186,7 +196,7 @@ class RetryAfterMiddleware:
         if decision.free:
             return
         if decision.refuse:
-            self.board.refuse(slot, decision.refuse)
+            self.extension.refusals.refuse(slot, decision.refuse, "quota")
         rate = decision.rate
         if rate is not None and rate != self.board.rate(slot):
             if self.board.rate(slot) is None:
@@ -251,12 +261,14 @@ class RetryAfterMiddleware:
             slot,
             sent_at,
             decision.cooldown,
-            learn=policy.adaptive,
+            learn=policy.adaptive and not decision.refuse,  # a refusal teaches no pace: nothing is sent
             wake_jitter=policy.wake_jitter,
             circuit_threshold=policy.circuit_threshold,
             circuit_open_seconds=policy.circuit_open_seconds,
             refuse=decision.refuse,
         )
+        if decision.refuse:
+            self.extension.refusals.refuse(slot, decision.refuse, "over_cap")
         added = event.added
         self.stats.inc_value("retry_after/throttled")
         self.stats.inc_value(f"retry_after/throttled/{response.status}")

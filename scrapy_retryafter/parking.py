@@ -23,9 +23,11 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import functools
+import hashlib
 import logging
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -147,8 +149,7 @@ class Parking:
                 not_before=now + max(0.0, wait), request=self._serialize(request), spider=self.spider_name,
             )
             record_id = request.meta.get(PARK_ID)
-            if isinstance(record_id, str) and record_id:
-                record.id = record_id
+            record.id = record_id if isinstance(record_id, str) and record_id else self._record_id(request)
             if record.request is not None and len(record.to_line()) > MAX_LINE:
                 self._url_only(request, f"its record would be over {MAX_LINE} bytes")
                 record.request = None
@@ -162,6 +163,21 @@ class Parking:
         if items:
             self.tracker.drop_parked()
         return [request for request, *_ in items]
+
+    def _record_id(self, request: Request) -> str:
+        """One record per request however often it is parked: the fold keeps the last line of an id.
+
+        The request fingerprint and the callback name: the same URL for two
+        callbacks is two requests; the same one parked by two runs is one.
+        """
+        fingerprinter = getattr(self.crawler, "request_fingerprinter", None)
+        if fingerprinter is None:
+            return uuid.uuid4().hex
+        callback = request.callback
+        name = getattr(callback, "__name__", "") if callback is not None else "parse"
+        digest = hashlib.sha256(fingerprinter.fingerprint(request))
+        digest.update(b"\0" + name.encode("utf-8", "replace") + b"\0" + self.spider_name.encode("utf-8", "replace"))
+        return "r" + digest.hexdigest()[:40]
 
     def _writable(self) -> ParkFile:
         if self._refused is not None:

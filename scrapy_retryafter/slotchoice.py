@@ -90,6 +90,15 @@ class SlotChoice:
         if self._due.pop(slot, None) is not None:
             self.add(slot)
 
+    def drop(self, slot: str) -> None:
+        """Forget a slot whose queue was taken away whole (refused: its requests parked)."""
+        self._due.pop(slot, None)  # its cooling entry, if any, goes stale
+        for heap in (self._ahead, self._behind):
+            if slot in heap:
+                heap.remove(slot)
+                if self._heaped:
+                    heapify(heap)
+
     def clear(self) -> None:
         self._ahead, self._behind, self._cooling, self._heaped = [], [], [], False
         self._due.clear()

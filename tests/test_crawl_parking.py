@@ -68,6 +68,7 @@ async def test_retry_after_over_the_cap_parks_every_request_until_the_hosts_time
     capped.config.reject_first = 0
     past = iso(time.time() - 1)
     park_file.write_text("".join(json.dumps({**r, "not_before": past}) + "\n" for r in records))
+    (tmp_path / "retry_after.hosts.json").unlink()  # the host's refusal ended too
     crawler = await crawl([], settings)
     assert sorted(url for url, _ in crawler.spider.seen) == sorted(capped.url(f"/{i}") for i in range(6))
     assert {a.headers.get("cookie") for a in server.arrivals(capped, status=200)} == {"session=s3cret"}

@@ -1,0 +1,234 @@
+"""Slots refused until a set time: their requests parked in one sweep, the refusal kept for the next run.
+
+A Retry-After over the cap (or a quota slower than ``max_delay``, or a host
+paused longer than ``max_delay``) refuses the slot until then. Releasing its
+queued requests at the slot's pace only to park each one costs an hour for a
+few thousand requests; here the queue gives them all up at once and they are
+parked as one batch (one locked write, one fsync), with one WARNING per
+refusal. The refusal is saved in the per-host state file (hoststate.py)
+beside the park file, so the next run sends nothing to that host before then
+and parks its requests for it unsent. Without CooldownAwarePriorityQueue
+there is no queue to sweep: requests are parked as they reach the downloader.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
+
+from .eventlog import printable
+from .hostrecord import MAX_REFUSAL, HostRecord, Refusal
+from .hoststate import HostMemory, HostMemoryError
+from .parkrecord import iso
+from .timers import call_later
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+
+    from .extension import RetryAfterExtension
+
+__all__ = ["HOST_STATE_NAME", "Refusals", "host_state_path"]
+
+logger = logging.getLogger(__name__)
+
+HOST_STATE_NAME = "retry_after.hosts.json"
+_SWEEP_DELAY = 0.05
+"""Seconds a sweep waits after the push that asked for it: the pushes of one burst share one batch."""
+
+
+def host_state_path(configured: str | None, park_file: Path) -> Path:
+    return Path(configured) if configured else park_file.with_name(HOST_STATE_NAME)
+
+
+class Refusals:
+    """The refused slots of one crawl: why and until when (wall clock), their sweeps and their memory."""
+
+    def __init__(self, crawler: Crawler, extension: RetryAfterExtension) -> None:
+        self.crawler = crawler
+        self.extension = extension
+        self.board = extension.board
+        self.stats = crawler.stats
+        self.why: dict[str, tuple[str, float]] = {}
+        """Slot -> (reason, refused until in epoch seconds)."""
+        self._warned: dict[str, float] = {}
+        """Slot -> the refusal end its WARNING named: a later sweep of the same refusal is quiet."""
+        self._timer: Any = None
+        self.memory: HostMemory | None = None
+        self._broken = False
+        crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
+
+    # -- refusing ----------------------------------------------------------------------------
+
+    def refuse(self, slot: str, seconds: float, reason: str) -> None:
+        """Refuse ``slot`` for ``seconds`` (bounded by the caller) and sweep its queued requests soon."""
+        if not seconds > 0:
+            return
+        self.board.refuse(slot, seconds)
+        until = time.time() + self.board.refused(slot)
+        previous = self.why.get(slot)
+        if previous is None or until > previous[1] + 1.0:
+            self.why[slot] = (reason, until)
+            self._remember(slot, reason, until)
+        self.soon()
+
+    def until(self, slot: str) -> float | None:
+        """Epoch seconds the slot is refused until, None when it is not refused."""
+        if not self.board.refused(slot):
+            self.why.pop(slot, None)
+            return None
+        kept = self.why.get(slot)
+        return kept[1] if kept is not None else time.time() + self.board.refused(slot)
+
+    def reason(self, slot: str) -> str:
+        kept = self.why.get(slot)
+        return kept[0] if kept is not None else "over_cap"
+
+    def soon(self) -> None:
+        if self._timer is None and self.extension.parking is not None:
+            self._timer = call_later(_SWEEP_DELAY, self.sweep)
+
+    # -- parking -----------------------------------------------------------------------------
+
+    def sweep(self) -> int:
+        """Park every queued request of every refused slot, one batch per slot; how many were parked."""
+        self._timer = None
+        parked = 0
+        for slot in list(self.why):
+            if self.until(slot) is None:
+                continue
+            taken: list[Request] = []
+            for queue in self.extension.queues:
+                taken.extend(queue.take_slot(slot))
+            if taken:
+                parked += len(self._park(slot, taken) or ())
+        if parked:
+            self.extension.nudge_engine()  # the queue may be empty now: let the engine see it before its heartbeat
+        return parked
+
+    def park_arriving(self, request: Request, slot: str) -> Request | None:
+        """A request of a refused slot that reached the downloader: parked unsent (None: it could not be)."""
+        parked = self._park(slot, [request])
+        return parked[0] if parked else None
+
+    def _park(self, slot: str, requests: list[Request]) -> list[Request] | None:
+        """Park ``requests`` of refused ``slot`` in one write; None when parking is off or failed.
+
+        Taken from the queue, a batch that cannot be written goes back to it,
+        and the slot is no longer held for the refusal: its requests then meet
+        the give-up path one by one, which hands them to the errback.
+        """
+        parking = self.extension.parking
+        if parking is None or self._broken or not requests:
+            return None
+        now = time.time()
+        until = self.until(slot) or now
+        reason = self.reason(slot)
+        detail = _DETAIL.get(reason, "the slot is refused") + f" until {iso(until)}"
+        items = [(r, slot, reason, detail, int(r.meta.get("retry_after_throttles", 0)), until - now) for r in requests]
+        try:
+            parked = parking.park_many(items)
+        except OSError as error:
+            self._broken = True
+            self.board.hold_refused = False
+            assert self.stats is not None
+            self.stats.inc_value("retry_after/refusal_park_failed", len(requests))
+            logger.error(
+                "Could not park the %(count)d request(s) of refused slot %(slot)s in %(path)s (%(error)s): "
+                "they go to the errback as they reach the downloader",
+                {"count": len(requests), "slot": printable(slot), "path": parking.path, "error": error},
+                extra={"spider": self.crawler.spider},
+            )
+            for queue in self.extension.queues:
+                for request in requests:
+                    queue.push(request)
+                break
+            return None
+        assert self.stats is not None
+        self.stats.inc_value("retry_after/refused_parked", len(parked))
+        # One WARNING per refusal; later sweeps of the same refusal (late arrivals) are DEBUG.
+        quiet = abs(self._warned.get(slot, -1.0) - until) < 1.0
+        self._warned[slot] = until
+        logger.log(
+            logging.DEBUG if quiet else logging.WARNING,
+            "Refused %(slot)s until %(until)s (%(reason)s): parked %(count)d request(s) in one batch in %(path)s; "
+            "nothing is sent to it before then",
+            {"slot": printable(slot), "until": iso(until), "reason": reason, "count": len(parked), "path": parking.path},
+            extra={"spider": self.crawler.spider},
+        )
+        return parked
+
+    # -- the per-host state file ---------------------------------------------------------------
+
+    def _spider_opened(self, **kwargs: Any) -> None:
+        """Load the refusals still in force: their hosts are refused from the first request on."""
+        parking = self.extension.parking
+        config = self.extension.config
+        if parking is None or parking.file is None or not config.host_state:
+            return
+        memory = HostMemory(host_state_path(config.host_state_file, parking.path), max_age=config.memory_age,
+                            lock_timeout=_LOCK_TIMEOUT)
+        try:
+            records = memory.load()
+        except HostMemoryError as error:
+            self._state_failed("read", error)
+            return
+        self.memory = memory
+        if memory.set_aside:
+            logger.warning(
+                "Per-host state file %(path)s: %(count)d unusable record(s) set aside in %(bad)s",
+                {"path": memory.path, "count": memory.set_aside, "bad": memory.bad_path},
+                extra={"spider": self.crawler.spider},
+            )
+        now = time.time()
+        loaded = 0
+        for host, record in records.items():
+            refusal = record.refusal
+            if refusal is None or not refusal.until > now:
+                continue
+            seconds = min(refusal.until - now, MAX_REFUSAL)
+            self.board.refuse(host, seconds)
+            self.why[host] = (refusal.reason or "over_cap", now + seconds)
+            loaded += 1
+        if loaded:
+            assert self.stats is not None
+            self.stats.set_value("retry_after/refusals_loaded", loaded)
+            logger.info(
+                "Per-host state file %(path)s: %(count)d host(s) still refused; nothing is sent to them before "
+                "their time, and their requests are parked unsent",
+                {"path": memory.path, "count": loaded},
+                extra={"spider": self.crawler.spider},
+            )
+
+    def _remember(self, slot: str, reason: str, until: float) -> None:
+        """Save the refusal at once (a crash keeps it); the file merges it with other processes' own."""
+        if self.memory is None:
+            return
+        record = HostRecord(refusal=Refusal(until=until, reason=reason, at=time.time()))
+        try:
+            self.memory.save({slot: record})
+        except HostMemoryError as error:
+            self._state_failed("write", error)
+            self.memory = None
+
+    def _state_failed(self, what: str, error: BaseException) -> None:
+        assert self.stats is not None
+        self.stats.inc_value("retry_after/host_state_failed")
+        logger.error(
+            "Per-host state file: cannot %(what)s it (%(error)s); refusals are not kept for the next run",
+            {"what": what, "error": error},
+            extra={"spider": self.crawler.spider},
+        )
+
+
+_DETAIL = {
+    "over_cap": "Retry-After over RETRY_AFTER_MAX_DELAY: the slot is refused",
+    "quota": "a quota slower than RETRY_AFTER_MAX_DELAY: the slot is refused",
+    "host_down": "the host stayed down longer than RETRY_AFTER_MAX_DELAY: the slot is refused",
+}
+_LOCK_TIMEOUT = 2.0
+"""Seconds a save waits for another process's save (each holds the lock for one small write)."""
