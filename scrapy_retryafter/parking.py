@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
     from .settings import Config
 
-__all__ = ["PARK_ID", "Parking", "park_file_path"]
+__all__ = ["PARK_ID", "Parking", "park_file_path", "record_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,22 @@ def park_file_path(configured: str | None, jobdir: str | None, spider_name: str)
     if jobdir:
         return Path(jobdir, "retry_after.parked.jsonl")
     return Path(data_path(f"retry_after/{spider_name}.parked.jsonl", createdir=False))
+
+
+def record_key(crawler: Crawler, request: Request, spider_name: str) -> str:
+    """One record per request however often it is parked: the fold keeps the last line of an id.
+
+    The request fingerprint and the callback name: the same URL for two
+    callbacks is two requests; the same one parked by two runs is one.
+    """
+    fingerprinter = getattr(crawler, "request_fingerprinter", None)
+    if fingerprinter is None:
+        return uuid.uuid4().hex
+    callback = request.callback
+    name = getattr(callback, "__name__", "") if callback is not None else "parse"
+    digest = hashlib.sha256(fingerprinter.fingerprint(request))
+    digest.update(b"\0" + name.encode("utf-8", "replace") + b"\0" + spider_name.encode("utf-8", "replace"))
+    return "r" + digest.hexdigest()[:40]
 
 
 def _name_refused(name: Any) -> str | None:
@@ -149,7 +165,7 @@ class Parking:
                 not_before=now + max(0.0, wait), request=self._serialize(request), spider=self.spider_name,
             )
             record_id = request.meta.get(PARK_ID)
-            record.id = record_id if isinstance(record_id, str) and record_id else self._record_id(request)
+            record.id = record_id if isinstance(record_id, str) and record_id else record_key(self.crawler, request, self.spider_name)
             if record.request is not None and len(record.to_line()) > MAX_LINE:
                 self._url_only(request, f"its record would be over {MAX_LINE} bytes")
                 record.request = None
@@ -163,21 +179,6 @@ class Parking:
         if items:
             self.tracker.drop_parked()
         return [request for request, *_ in items]
-
-    def _record_id(self, request: Request) -> str:
-        """One record per request however often it is parked: the fold keeps the last line of an id.
-
-        The request fingerprint and the callback name: the same URL for two
-        callbacks is two requests; the same one parked by two runs is one.
-        """
-        fingerprinter = getattr(self.crawler, "request_fingerprinter", None)
-        if fingerprinter is None:
-            return uuid.uuid4().hex
-        callback = request.callback
-        name = getattr(callback, "__name__", "") if callback is not None else "parse"
-        digest = hashlib.sha256(fingerprinter.fingerprint(request))
-        digest.update(b"\0" + name.encode("utf-8", "replace") + b"\0" + self.spider_name.encode("utf-8", "replace"))
-        return "r" + digest.hexdigest()[:40]
 
     def _writable(self) -> ParkFile:
         if self._refused is not None:

@@ -39,7 +39,7 @@ from .scrapy_compat import (
     slot_load,
 )
 from .signals import circuit_closed, circuit_opened
-from .slotchoice import SlotChoice
+from .slotchoice import SlotChoice, forget_slot
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -211,7 +211,7 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         taken: list[Request] = []
         queue = self.pqueues.pop(slot, None)
         if queue is not None:
-            self._choice.drop(slot)
+            forget_slot(self._choice, slot)
             while (request := queue.pop()) is not None:
                 taken.append(request)
             queue.close()

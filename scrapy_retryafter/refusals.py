@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from scrapy import signals
 
@@ -27,10 +27,33 @@ from .parkrecord import iso
 from .timers import call_later
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from scrapy import Request
     from scrapy.crawler import Crawler
 
-    from .extension import RetryAfterExtension
+    from .board import CooldownBoard
+    from .parking import Parking
+    from .settings import Config
+
+
+class _Queue(Protocol):
+    def take_slot(self, slot: str) -> list[Request]: ...
+
+    def push(self, request: Request) -> None: ...
+
+
+class _Crawl(Protocol):
+    """What of the extension a refusal needs (the extension owns this object: no import back)."""
+
+    board: CooldownBoard
+    config: Config
+    parking: Parking | None
+
+    @property
+    def queues(self) -> Sequence[_Queue]: ...
+
+    def nudge_engine(self) -> None: ...
 
 __all__ = ["HOST_STATE_NAME", "Refusals", "host_state_path"]
 
@@ -48,7 +71,7 @@ def host_state_path(configured: str | None, park_file: Path) -> Path:
 class Refusals:
     """The refused slots of one crawl: why and until when (wall clock), their sweeps and their memory."""
 
-    def __init__(self, crawler: Crawler, extension: RetryAfterExtension) -> None:
+    def __init__(self, crawler: Crawler, extension: _Crawl) -> None:
         self.crawler = crawler
         self.extension = extension
         self.board = extension.board

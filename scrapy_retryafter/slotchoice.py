@@ -90,15 +90,6 @@ class SlotChoice:
         if self._due.pop(slot, None) is not None:
             self.add(slot)
 
-    def drop(self, slot: str) -> None:
-        """Forget a slot whose queue was taken away whole (refused: its requests parked)."""
-        self._due.pop(slot, None)  # its cooling entry, if any, goes stale
-        for heap in (self._ahead, self._behind):
-            if slot in heap:
-                heap.remove(slot)
-                if self._heaped:
-                    heapify(heap)
-
     def clear(self) -> None:
         self._ahead, self._behind, self._cooling, self._heaped = [], [], [], False
         self._due.clear()
@@ -285,3 +276,15 @@ class SlotChoice:
             heappop(cooling)
         if cooling:
             self._wake_at(cooling[0][0])
+
+
+def forget_slot(choice: SlotChoice, slot: str) -> None:
+    """Forget a slot whose queue was taken away whole (refused: its requests parked).
+
+    Rare (once per refusal), so a linear pass; its cooling entry, if any, goes stale.
+    """
+    choice._due.pop(slot, None)
+    for heap in (choice._ahead, choice._behind):
+        if slot in heap:
+            heap.remove(slot)
+            heapify(heap)  # harmless while the list is not heaped
