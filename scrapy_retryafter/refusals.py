@@ -124,11 +124,17 @@ class Refusals:
         for slot in list(self.why):
             if self.until(slot) is None:
                 continue
-            taken: list[Request] = []
-            for queue in self.extension.queues:
-                taken.extend(queue.take_slot(slot))
-            if taken:
-                parked += len(self._park(slot, taken) or ())
+            taken = [(queue, queue.take_slot(slot)) for queue in self.extension.queues]
+            requests = [request for _, some in taken for request in some]
+            if not requests:
+                continue
+            done = self._park(slot, requests)
+            if done is None:  # back where each came from: they meet the give-up path one by one
+                for queue, some in taken:
+                    for request in some:
+                        queue.push(request)
+                continue
+            parked += len(done)
         if parked:
             self.extension.nudge_engine()  # the queue may be empty now: let the engine see it before its heartbeat
         return parked
@@ -141,9 +147,9 @@ class Refusals:
     def _park(self, slot: str, requests: list[Request]) -> list[Request] | None:
         """Park ``requests`` of refused ``slot`` in one write; None when parking is off or failed.
 
-        Taken from the queue, a batch that cannot be written goes back to it,
-        and the slot is no longer held for the refusal: its requests then meet
-        the give-up path one by one, which hands them to the errback.
+        When the batch cannot be written, the slots are no longer held for
+        their refusal: the sweep puts the batch back in its queues, and its
+        requests meet the give-up path one by one, which hands them to the errback.
         """
         parking = self.extension.parking
         if parking is None or self._broken or not requests:
@@ -166,10 +172,7 @@ class Refusals:
                 {"count": len(requests), "slot": printable(slot), "path": parking.path, "error": error},
                 extra={"spider": self.crawler.spider},
             )
-            for queue in self.extension.queues:
-                for request in requests:
-                    queue.push(request)
-                break
+            self.extension.nudge_engine()
             return None
         assert self.stats is not None
         self.stats.inc_value("retry_after/refused_parked", len(parked))
