@@ -16,9 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .breaker import CLOSED, Breaker
-from .rate import Meter, RateController
 from .slot_state import Random, SlotState, next_release
-from .slottable import SlotTable
+from .slotpace import SlotPaces
 
 __all__ = ["CooldownBoard", "Random", "SlotState", "Throttle", "next_release"]
 
@@ -40,10 +39,11 @@ class Throttle:
     """Seconds the cooldown grew by."""
 
 
-class CooldownBoard(SlotTable):
+class CooldownBoard(SlotPaces):
     """Per-slot cooldowns: the largest wait wins; a success never clears one.
 
-    The per-slot maps, sweeping and snapshots are SlotTable's (slottable.py).
+    The pace is SlotPaces' (slotpace.py); the per-slot maps, sweeping and snapshots are
+    SlotTable's (slottable.py).
     """
 
     hold_refused = True
@@ -227,78 +227,3 @@ class CooldownBoard(SlotTable):
     def breaker_state(self, slot: str) -> str:
         state = self._slots.get(slot)
         return state.breaker.state if state is not None and state.breaker is not None else CLOSED
-
-    def succeeded(self, slot: str) -> bool:
-        """A response that was not a throttle: feeds the meter and the pace.
-
-        True when the pace rose while the slot's next request waited for it:
-        at a slow pace that request would otherwise wait out the old, longer
-        interval (a second at 1 request/s), which makes slow start crawl.
-        """
-        now = self.clock()
-        meter = self._meters.get(slot)
-        if meter is None:
-            meter = self._meters[slot] = Meter(now)
-        measured = meter.tick(now) * self.share(slot)
-        state = self._slots.get(slot)
-        if state is None or state.pace is None:
-            return False
-        before = state.pace.rate
-        after = state.pace.succeeded(measured, now)
-        state.last_seen = now
-        if after > before and state.next_paced > now:
-            return self._sooner(slot, state, before, after, now)
-        return False
-
-    def _sooner(self, slot: str, state: SlotState, before: float, after: float, now: float) -> bool:
-        """Move the waiting release to where the new pace puts it after the last one."""
-        share = self.share(slot)
-        state.next_paced = max(now, state.next_paced - share / before + share / after)
-        return True
-
-    def throttled(self, slot: str, sent_at: float, beta: float = 0.7) -> float | None:
-        """Cut the slot's pace once per throttle event; return the new rate.
-
-        A throttle of a request sent before the last cut, or arriving while the
-        slot still cools down from it, belongs to the event that caused that
-        cut (one penalty answering every in-flight request).
-        """
-        now = self.clock()
-        state = self._slots.get(slot)
-        if state is None:
-            state = self._slots[slot] = SlotState()
-        state.last_seen = now
-        meter = self._meters.get(slot)
-        measured = meter.current(now) * self.share(slot) if meter is not None else 0.0
-        if state.pace is None:
-            state.pace = RateController(beta=beta)
-        elif sent_at < state.pace.last_cut or now < state.cooldown_until:
-            return None
-        return state.pace.throttled(measured, now)
-
-    def announce(self, slot: str, rate: float) -> None:
-        """Pace ``slot`` at a rate its server announced (RateLimit-Policy)."""
-        state = self._slots.get(slot)
-        if state is None:
-            state = self._slots[slot] = SlotState()
-        if state.pace is None:
-            state.pace = RateController()
-        state.pace.announced(rate)
-        state.last_seen = self.clock()
-
-    def free_quota(self, slot: str) -> bool:
-        """What is left of the stated quota covers what ``slot`` wants: drop the pace it set (True if it had one)."""
-        state = self._slots.get(slot)
-        if state is None or state.pace is None or state.pace.ceiling == math.inf:
-            return False
-        state.pace = state.pace.unannounced()
-        state.next_paced = min(state.next_paced, self.clock())
-        return True
-
-    def share(self, slot: str) -> float:
-        """How many senders split the slot's pace: one here; a fleet board counts its processes."""
-        return 1.0
-
-    def rate(self, slot: str) -> float | None:
-        state = self._slots.get(slot)
-        return state.pace.rate if state is not None and state.pace is not None else None

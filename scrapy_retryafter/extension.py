@@ -22,7 +22,6 @@ from twisted.python.failure import Failure
 from . import scrapy_compat
 from .board import CooldownBoard
 from .breaker import OPEN
-from .eventlog import printable
 from .holding import DownloaderHold, GiveUp
 from .jobstate import STATE_FILE, load_board, save_board
 from .parking import Parking
@@ -129,6 +128,8 @@ class RetryAfterExtension:
         """Requests waiting in the downloader (no CooldownAwarePriorityQueue), parked at close."""
         self.held_requests.append(self.downloader_hold.take)
         self.all_retries_installed = False
+        self.throttles_installed = False
+        """Set by RetryAfterMiddleware: the throttle codes are retried."""
         """Set by scrapy_retryafter.RetryMiddleware: RETRY_AFTER_ALL_RETRIES is carried out."""
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
@@ -154,72 +155,11 @@ class RetryAfterExtension:
     def _make_board(self, config: Config, clock: Any) -> CooldownBoard:
         if config.redis is None:
             return CooldownBoard(clock=clock)
-        from .redis.board import RedisBoard
+        from .redis.wiring import fleet_board
 
-        board = RedisBoard(
-            config.redis, clock=clock, policy=config.policy_for,
-            first_contact=self.crawler.settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN"),
-        )
-        board.on_remote_cool = self._remote_cool
-        board.on_remote_refusal = self._remote_refusal
-        board.on_invalid = lambda count: self.stats.inc_value("retry_after/redis/invalid", count)
-        board.on_remote_circuit = self._remote_circuit
-        board.on_lost = self._redis_lost
-        board.on_back = self._redis_back
-        board.on_wake = self.wake_at
-        board.on_sooner = self.sooner
-        board.on_late_lease = lambda slot: self.stats.inc_value("retry_after/redis/late_sends_skipped")
+        board = fleet_board(self, config, clock)
         self._fleet = board
-        if board.connect():
-            logger.info("Sharing cooldowns through the Redis board at %s (keys %s:*)", config.redis.safe_url, config.redis.prefix)
         return board
-
-    def _remote_cool(self, slot: str, seconds: float) -> None:
-        self.stats.inc_value("retry_after/redis/remote_cooldowns")
-        logger.info(
-            "Cooling %(slot)s %(wait).2fs: another crawler of the fleet was throttled (Redis board)",
-            {"slot": printable(slot), "wait": seconds},
-            extra={"spider": self.crawler.spider},
-        )
-        self.send_back(slot)
-
-    def _remote_refusal(self, slot: str, seconds: float) -> None:
-        self.stats.inc_value("retry_after/redis/remote_over_cap")
-        logger.warning(
-            "Refusing %(slot)s for %(wait).0fs: another crawler of the fleet cools it longer than "
-            "RETRY_AFTER_MAX_DELAY here (Redis board); its requests are given up as over the cap",
-            {"slot": printable(slot), "wait": seconds},
-            extra={"spider": self.crawler.spider},
-        )
-
-    def _remote_circuit(self, slot: str, opened: bool) -> None:
-        self.stats.inc_value(f"retry_after/redis/remote_circuit_{'opened' if opened else 'closed'}")
-        logger.info(
-            "Circuit %(what)s for %(slot)s by another crawler of the fleet (Redis board)",
-            {"what": "opened" if opened else "closed", "slot": printable(slot)},
-            extra={"spider": self.crawler.spider},
-        )
-        if not opened:
-            self.nudge_engine()
-
-    def _redis_lost(self, error: BaseException) -> None:
-        assert self.config.redis is not None
-        self.stats.inc_value("retry_after/redis/lost")
-        logger.warning(
-            "Redis board at %(url)s unreachable (%(error)s): this crawler goes on with its own "
-            "cooldowns and reconnects with backoff",
-            {"url": self.config.redis.safe_url, "error": self.config.redis.scrub(str(error))},
-            extra={"spider": self.crawler.spider},
-        )
-
-    def _redis_back(self, republished: int) -> None:
-        assert self.config.redis is not None
-        self.stats.inc_value("retry_after/redis/reconnected")
-        logger.warning(
-            "Redis board at %(url)s is back: re-published %(count)d local cooldown(s) and circuit(s)",
-            {"url": self.config.redis.safe_url, "count": republished},
-            extra={"spider": self.crawler.spider},
-        )
 
     def slot_of(self, request: Request) -> str:
         """The request's download slot: the downloader writes the key into meta once, and reads it there first too.
@@ -292,6 +232,10 @@ class RetryAfterExtension:
         self._timer = None
         self._timer_at = float("inf")
         self.nudge_engine()
+
+    def refused_elsewhere(self, slot: str) -> None:
+        """The fleet refused ``slot``: its queued requests are swept and parked as for a refusal here."""
+        self.refusals.refused_elsewhere()
 
     def nudge_engine(self) -> None:
         scrapy_compat.nudge_engine(self.crawler)

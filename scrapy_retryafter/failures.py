@@ -21,6 +21,7 @@ from .backoff import Backoff, Uniform
 from .policy import IDEMPOTENT_METHODS
 
 __all__ = [
+    "sent_at",
     "STARTED",
     "DEADLINE",
     "NOT_BEFORE",
@@ -255,3 +256,9 @@ def host_down_wait(count: int, threshold: int, backoff: Backoff, rng: Uniform = 
     if count < threshold:
         return None
     return backoff.wait(count - threshold + 1, rng=rng)
+
+
+def sent_at(meta: Mapping[str, Any], now: float) -> float:
+    """When a request now answered left, on the board's clock: its answer came ``download_latency`` after."""
+    latency = meta.get("download_latency")
+    return now - (float(latency) if isinstance(latency, (int, float)) and 0 < latency < math.inf else 0.0)

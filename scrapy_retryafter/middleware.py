@@ -21,17 +21,15 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 
 from . import scrapy_compat
 from .banflag import register_ban_handler
-from .banrules import load_ban_rules
+from .banpath import BanPath, throttle_retry
 from .extension import RetryAfterExtension, SlotCoolingDown
-from .failures import PREVIOUS_WAIT, past_deadline, stamp_first_attempt
+from .failures import PREVIOUS_WAIT, past_deadline, sent_at, stamp_first_attempt
 from .headers import parse_retry_after
 from .holding import THROTTLES
 from .hostpause import OUTAGE_STATUSES
 from .pausing import Pausing
-from .policy import Decision, SlotPolicy, decide
-from .quota import wants_window
-from .quotarecheck import QuotaBudget
-from .ratelimit import parse_ratelimit, parse_retry_after_ms, speaks_ratelimit
+from .policy import Decision, decide
+from .quotawatch import QuotaWatch, announced_wait
 from .retry_reporting import add_seconds, count_retry
 from .slot_events import SlotEvents
 from .slotfloors import SlotFloors
@@ -62,7 +60,7 @@ class RetryAfterMiddleware:
         self._all_codes = self.config.all_codes
         self._holding: collections.Counter[str] = collections.Counter()
         """Requests waiting in _hold per slot (middleware-only mode); a slot leaves it with its last one."""
-        self._give_up = extension.give_up
+        self.give_up = extension.give_up
         self.events = SlotEvents(crawler, extension)
         self._watch_responses = any(
             p.adaptive or p.ratelimit_headers for p in (self.config.default, *self.config.slots.values())
@@ -72,9 +70,9 @@ class RetryAfterMiddleware:
         self._deadlines = any(
             not math.isinf(p.deadline) for p in (self.config.default, *self.config.slots.values())
         )
-        self._ban_rules = load_ban_rules(crawler.settings.get)  # validated by load_config already
+        self.bans = BanPath(crawler, self)
         self.floors: SlotFloors | None = None
-        self._budget = QuotaBudget(crawler, extension, self._on_the_wire)
+        self.quotas = QuotaWatch(crawler, extension, self.events, self._on_the_wire)
         self._pausing = Pausing(crawler, extension, self.rng)
         self._free: weakref.WeakSet[Request] = weakref.WeakSet()
         """Throttled while their host was paused: the retry spends none of their throttles."""
@@ -85,8 +83,9 @@ class RetryAfterMiddleware:
         if not extension.config.enabled:
             raise NotConfigured("RETRY_AFTER_ENABLED is False")
         middleware = cls(crawler, extension)
+        extension.throttles_installed = True
         middleware.floors = SlotFloors.running_in(crawler)
-        register_ban_handler(crawler, middleware._spider_ban)
+        register_ban_handler(crawler, middleware.bans.spider_ban)
         crawler.signals.connect(middleware.events.check_neighbours, signal=signals.spider_opened)
         crawler.signals.connect(middleware.events.check_all_retries, signal=signals.spider_opened)
         crawler.signals.connect(middleware._response_downloaded, signal=signals.response_downloaded)
@@ -105,7 +104,7 @@ class RetryAfterMiddleware:
             if parked is not None:
                 return parked
             reason = f"slot refuses requests for {refused:.0f}s more (Retry-After over the cap)"
-            parked = self._give_up(request, slot, None, reason, "over_cap", refused)
+            parked = self.give_up(request, slot, None, reason, "over_cap", refused)
             if parked is not None:
                 return parked
             raise IgnoreRequest(f"{slot} asked for a wait over RETRY_AFTER_MAX_DELAY")
@@ -134,7 +133,7 @@ class RetryAfterMiddleware:
             ):
                 wait = max(0.0, board.ready_at(slot, 1) - board.clock())
                 detail = "the crawl closed while it was held"
-                return self._give_up.at_close(request, slot, detail, request.meta.get(THROTTLES, 0), wait)
+                return self.give_up.at_close(request, slot, detail, request.meta.get(THROTTLES, 0), wait)
             if board.refused(slot):
                 parked = self.extension.refusals.park_arriving(request, slot)
                 if parked is not None:
@@ -151,13 +150,13 @@ class RetryAfterMiddleware:
         # Fired before the downloader frees the transfer place and sends the
         # next queued request: cooling here keeps that request off the wire.
         if response.status in self._all_codes:
-            if self._throttle(request, response) is None:
+            if self.throttle(request, response) is None:
                 self.extension.tally.responded(self.extension.slot_of(request))
             return
         slot = self.extension.slot_of(request)
         self.extension.tally.responded(slot)
         if self.events.lines:  # a burst is open somewhere: this answer may close it
-            self.events.answered(slot, self._sent_at(request))
+            self.events.answered(slot, sent_at(request.meta, self.board.clock()))
         if response.status not in OUTAGE_STATUSES:
             self._pausing.answered(slot)
         policy = self.config.policy_for(slot)
@@ -173,45 +172,9 @@ class RetryAfterMiddleware:
             if after is not None and before is not None and after > before:
                 self.events.pace_rose(slot, after)
         if policy.ratelimit_headers:
-            self._read_ratelimit(slot, policy, response, request)
+            self.quotas.read(slot, policy, response, request)
 
-    def _sent_at(self, request: Request) -> float:
-        return self.board.clock() - float(request.meta.get("download_latency") or 0.0)
-
-    def _read_ratelimit(self, slot: str, policy: SlotPolicy, response: Response, request: Request) -> None:
-        if not speaks_ratelimit(response.headers):
-            return
-        facts = parse_ratelimit(response.headers.get, time.time())
-        if facts is None:
-            return
-        if facts.invalid:
-            self.stats.inc_value("retry_after/ratelimit_invalid")
-            return
-        reset_at = facts.reset_at
-        window = None
-        if reset_at is not None and wants_window(facts):
-            window = self.board.quota_window(slot, reset_at, facts.remaining, facts.quota)
-        moving = window is not None and self.board.quota_windows.moving(slot)
-        decision = self._budget.decide(slot, facts, window, policy.max_delay, moving=moving)
-        if decision.free:
-            return
-        if decision.refuse:
-            self.extension.refusals.refuse(slot, decision.refuse, "quota")
-        rate = decision.rate
-        if rate is not None and rate != self.board.rate(slot):
-            if self.board.rate(slot) is None:
-                self.stats.inc_value("retry_after/paced_slots")
-            self.board.announce(slot, rate)
-        if not decision.cooldown:
-            return
-        added = self.board.cool(slot, decision.cooldown, policy.wake_jitter)
-        if added:
-            self.extension.tally.cooled(slot, added)
-            self.stats.inc_value("retry_after/ratelimit_cooldowns")
-            self.extension.send_back(slot)
-            self.events.quota_used(slot, self._sent_at(request), decision.cooldown, self._on_the_wire(slot))
-
-    def _throttle(
+    def throttle(
         self, request: Request, response: Response, ban: str | None = None, ban_wait: float | None = None
     ) -> Decision | None:
         """Cool the slot for a throttling response (or a ban, of any status); remember what to do with it."""
@@ -226,7 +189,7 @@ class RetryAfterMiddleware:
         if header and retry_after is None:
             self.stats.inc_value("retry_after/header_invalid")
         if retry_after is None and policy.ratelimit_headers:
-            retry_after = self._announced_wait(response)
+            retry_after = announced_wait(response)
         throttles = request.meta.get(THROTTLES, 0) + 1
         blind = retry_after is None or retry_after <= 0
         if not blind:
@@ -256,10 +219,10 @@ class RetryAfterMiddleware:
             rng=self.rng,
             previous_wait=_number_or_none(request.meta.get(PREVIOUS_WAIT)),
         )
-        sent_at = self._sent_at(request)
+        sent = sent_at(request.meta, self.board.clock())
         event = self.board.throttle(
             slot,
-            sent_at,
+            sent,
             decision.cooldown,
             learn=policy.adaptive and not decision.refuse,  # a refusal teaches no pace: nothing is sent
             wake_jitter=policy.wake_jitter,
@@ -279,7 +242,7 @@ class RetryAfterMiddleware:
         retrying = decision.retry and not request.meta.get("dont_retry", False)
         self.events.throttled(
             slot,
-            sent_at,
+            sent,
             {
                 "status": response.status,
                 "request": request,
@@ -302,93 +265,38 @@ class RetryAfterMiddleware:
         """Requests of ``slot`` sent besides this one: they spend the quota left too."""
         return max(0, scrapy_compat.transferring(self.crawler, slot) - 1)
 
-    def _announced_wait(self, response: Response) -> float | None:
-        """Without Retry-After, the wait the other rate-limit headers announce."""
-        wait = parse_retry_after_ms(response.headers.get)
-        if wait is not None:
-            return wait
-        facts = parse_ratelimit(response.headers.get, time.time())
-        if facts is not None and not facts.invalid and facts.remaining is not None and facts.remaining < 1:
-            return facts.reset
-        return None
-
     def process_response(
         self, request: Request, response: Response, spider: Spider | None = None
     ) -> Request | Response:
         if response.status not in self._all_codes:
-            ban = self._ban_of(response)
-            return response if ban is None else self._retry_ban(request, response, ban, None)
-        decision = self._decided.pop(request, None) or self._throttle(request, response)
+            ban = self.bans.of(response)
+            return response if ban is None else self.bans.retry(request, response, ban, None)
+        decision = self._decided.pop(request, None) or self.throttle(request, response)
         if decision is None:
             return response
         if not decision.retry or request.meta.get("dont_retry", False):
             if not request.meta.get("dont_retry", False):
                 slot = self.extension.slot_of(request)
                 wait = decision.refuse or self.board.remaining(slot)
-                parked = self._give_up(request, slot, response.status, decision.reason, decision.outcome, wait)
+                parked = self.give_up(request, slot, response.status, decision.reason, decision.outcome, wait)
                 if parked is not None:
                     return parked
             return response
         slot = self.extension.slot_of(request)
-        late = self._past_deadline(request, slot)
+        late = self.deadline_passed(request, slot)
         if late is not None:
             self.stats.inc_value("retry_after/deadline")
-            parked = self._give_up(request, slot, response.status, late, "deadline", self.board.remaining(slot))
+            parked = self.give_up(request, slot, response.status, late, "deadline", self.board.remaining(slot))
             return response if parked is None else parked
         self.stats.inc_value("retry_after/retried")
         count_retry(self.stats, response.status)  # Scrapy's retry/count and retry/reason_count/<status>
-        retry = request.copy()
-        retry.meta[THROTTLES] = request.meta.get(THROTTLES, 0) + (request not in self._free)
-        retry.meta[PREVIOUS_WAIT] = decision.cooldown  # decorrelated jitter grows from the last wait
-        retry.dont_filter = True
-        return retry
+        return throttle_retry(request, decision.cooldown, spent=request not in self._free)
 
-    def _ban_of(self, response: Response) -> str | None:
-        """The name of the RETRY_AFTER_BAN_RULES rule the (decompressed) response matches."""
-        rules = self._ban_rules
-        if not rules.rules or (rules.statuses is not None and response.status not in rules.statuses):
-            return None
-        return rules.match(response.status, response.headers, response.body if rules.reads_body else b"")
-
-    def _retry_ban(self, request: Request, response: Response, ban: str, wait: float | None) -> Request:
-        """A ban takes the throttle path; its page never reaches the callback as a success."""
-        self.stats.inc_value(f"retry_after/ban/{ban}")
-        decision = self._throttle(request, response, ban=ban, ban_wait=wait)
+    def forget_decision(self, request: Request) -> None:
+        """The decision made for ``request`` at download time is used up (the ban path)."""
         self._decided.pop(request, None)
-        assert decision is not None
-        slot = self.extension.slot_of(request)
-        if decision.retry and not request.meta.get("dont_retry", False):
-            late = self._past_deadline(request, slot)
-            if late is None:
-                self.stats.inc_value("retry_after/retried")
-                retry = request.copy()
-                retry.meta[THROTTLES] = request.meta.get(THROTTLES, 0) + 1
-                retry.meta[PREVIOUS_WAIT] = decision.cooldown
-                retry.meta["dont_cache"] = True  # the cache must not serve the ban page back
-                retry.dont_filter = True
-                return retry
-            self.stats.inc_value("retry_after/deadline")
-            reason, outcome = late, "deadline"
-        else:
-            reason, outcome = decision.reason, decision.outcome
-        wait_left = decision.refuse or self.board.remaining(slot)
-        parked = self._give_up(request, slot, response.status, f"ban {ban!r}: {reason}", outcome, wait_left)
-        if parked is not None:
-            return parked
-        raise IgnoreRequest(f"{slot}: ban {ban!r} on {request.url}, given up ({reason})")
 
-    def _spider_ban(self, response: Response, reason: str, wait: float | None) -> list[Request]:
-        """BanDetected from a callback: the same path as a matched rule."""
-        request = response.request
-        if request is None:
-            return []
-        try:
-            return [self._retry_ban(request, response, reason, wait)]
-        except IgnoreRequest as error:
-            logger.info("%s", error, extra={"spider": self.crawler.spider})
-            return []
-
-    def _past_deadline(self, request: Request, slot: str) -> str | None:
+    def deadline_passed(self, request: Request, slot: str) -> str | None:
         """A throttled request whose slot reopens past its deadline gives up now."""
         policy = self.config.policy_for(slot)
         return past_deadline(request.meta, policy.deadline, time.time(), self.board.remaining(slot))

@@ -2,7 +2,8 @@
 
 Both middlewares use it: RetryMiddleware for gateway failures, timeouts and
 resets (RETRY_AFTER_ALL_RETRIES), RetryAfterMiddleware for blind 503s once
-the retry budget is spent. The state is the board's, so each middleware may
+the retry budget is spent. Refused connections in a row cool the slot by the
+host-down rule (failures.host_down_wait) as well. The state is the board's, so each middleware may
 keep its own instance.
 """
 
@@ -12,7 +13,10 @@ import logging
 import random
 from typing import TYPE_CHECKING
 
+from .eventlog import printable
+from .failures import host_down_wait, sent_at
 from .hostpause import PauseEvent
+from .retry_reporting import add_seconds
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -35,13 +39,10 @@ class Pausing:
         self.stats = crawler.stats
         self.rng = rng
 
-    def _sent_at(self, request: Request) -> float:
-        return self.board.clock() - float(request.meta.get("download_latency") or 0.0)
-
     def failed(self, request: Request, slot: str, policy: SlotPolicy, kind: str) -> PauseEvent:
         """A request of ``slot`` failed as ``kind``: count it toward a pause, or move the paused slot's next probe."""
         event = self.board.pauses.failed(
-            slot, kind, self.board.clock(), self._sent_at(request), policy.host_down_threshold, policy.backoff, self.rng
+            slot, kind, self.board.clock(), sent_at(request.meta, self.board.clock()), policy.host_down_threshold, policy.backoff, self.rng
         )
         self._carry_out(slot, kind, event, f"{policy.host_down_threshold} {kind} failures in a row")
         self._cap(slot, policy)
@@ -52,7 +53,7 @@ class Pausing:
         board = self.board
         pause = board.pauses.pause_of(slot)
         if pause is not None:
-            event = board.pauses.failed(slot, kind, board.clock(), self._sent_at(request), 1, policy.backoff, self.rng)
+            event = board.pauses.failed(slot, kind, board.clock(), sent_at(request.meta, self.board.clock()), 1, policy.backoff, self.rng)
         else:
             event = PauseEvent(True, False, board.pauses.pause(slot, kind, board.clock(), policy.backoff, self.rng))
         self._carry_out(slot, kind, event, why)
@@ -84,7 +85,7 @@ class Pausing:
         logger.warning(
             "Host %(slot)s looks down (%(why)s): pausing it, one probe per interval, the first in %(wait).2fs; "
             "requests held meanwhile spend none of their retries",
-            {"slot": slot, "why": why, "wait": event.wait},
+            {"slot": printable(slot), "why": why, "wait": event.wait},
             extra={"spider": self.crawler.spider},
         )
 
@@ -99,6 +100,27 @@ class Pausing:
         self.extension.sooner(slot)
         logger.info(
             "Host %(slot)s answers again after a %(lasted).2fs pause: its held requests go out",
-            {"slot": slot, "lasted": lasted},
+            {"slot": printable(slot), "lasted": lasted},
+            extra={"spider": self.crawler.spider},
+        )
+
+    def connection_failed(self, request: Request, exception: Exception) -> None:
+        """A burst of refused connections pauses the slot: a dead host is a fact about the host."""
+        slot = self.extension.slot_of(request)
+        policy = self.extension.config.policy_for(slot)
+        count = self.board.connection_failed(slot)
+        wait = host_down_wait(count, policy.host_down_threshold, policy.backoff, self.rng)
+        if wait is None:
+            return
+        added = self.board.cool(slot, wait, policy.wake_jitter)
+        if not added:
+            return
+        self.stats.inc_value("retry_after/host_down")
+        add_seconds(self.stats, "retry_after/cooldown_seconds", added)
+        self.extension.send_back(slot)
+        logger.warning(
+            "Host %(slot)s looks down: %(count)d connection failures in a row (last %(error)s), "
+            "pausing the slot %(wait).2fs",
+            {"slot": printable(slot), "count": count, "error": type(exception).__name__, "wait": self.board.remaining(slot)},
             extra={"spider": self.crawler.spider},
         )

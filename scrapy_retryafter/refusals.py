@@ -83,6 +83,7 @@ class Refusals:
         self._timer: Any = None
         self.memory: HostMemory | None = None
         self._broken = False
+        self._scan_all = False
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
 
     # -- refusing ----------------------------------------------------------------------------
@@ -111,6 +112,11 @@ class Refusals:
         kept = self.why.get(slot)
         return kept[0] if kept is not None else "over_cap"
 
+    def refused_elsewhere(self) -> None:
+        """The fleet refused a slot: the next sweep looks at every queued slot once."""
+        self._scan_all = True
+        self.soon()
+
     def soon(self) -> None:
         if self._timer is None and self.extension.parking is not None:
             self._timer = call_later(_SWEEP_DELAY, self.sweep)
@@ -121,7 +127,12 @@ class Refusals:
         """Park every queued request of every refused slot, one batch per slot; how many were parked."""
         self._timer = None
         parked = 0
-        for slot in list(self.why):
+        slots = dict.fromkeys(self.why)
+        if self._scan_all:  # refused elsewhere (the fleet's board): which queued slots, once
+            self._scan_all = False
+            for queue in self.extension.queues:
+                slots.update(dict.fromkeys(slot for slot in getattr(queue, "pqueues", ()) if self.board.refused(slot)))
+        for slot in slots:
             if self.until(slot) is None:
                 continue
             taken = [(queue, queue.take_slot(slot)) for queue in self.extension.queues]

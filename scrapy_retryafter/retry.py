@@ -27,7 +27,6 @@ from scrapy.downloadermiddlewares.retry import get_retry_request
 from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.response import response_status_message
 
-from . import scrapy_compat
 from .eventlog import printable
 from .extension import RetryAfterExtension
 from .failures import (
@@ -39,7 +38,6 @@ from .failures import (
     classify_exception,
     classify_status,
     decide_failure,
-    host_down_wait,
     past_deadline,
     qualified_names,
     stamp_first_attempt,
@@ -82,12 +80,8 @@ class RetryMiddleware(ScrapyRetryMiddleware):
 
     def _check_throttles_handled(self, **kwargs: Any) -> None:
         """Without RetryAfterMiddleware nobody retries the throttle codes this middleware leaves to it: say so once."""
-        from .middleware import RetryAfterMiddleware
-
         extension = self._retry_after
-        if not extension.config.enabled or not self.crawler.settings.getbool("RETRY_ENABLED"):
-            return
-        if any(isinstance(m, RetryAfterMiddleware) for m in scrapy_compat.downloader_middlewares(self.crawler)):
+        if extension.throttles_installed or not extension.config.enabled or not self.crawler.settings.getbool("RETRY_ENABLED"):
             return
         left = sorted(code for code in self.retry_http_codes if code in extension.codes)
         if left:
@@ -209,7 +203,7 @@ class RetryMiddleware(ScrapyRetryMiddleware):
         names = qualified_names(exception)
         rule = classify_exception(names)
         if rule is Rule.ANY_METHOD:
-            self._connection_failed(request, exception)
+            self._pausing.connection_failed(request, exception)
             return self._retry_failure(request, rule, exception, None, spider)
         return self._retry_failure(request, rule, exception, None, spider, exception_kind(names))
 
@@ -320,24 +314,3 @@ class RetryMiddleware(ScrapyRetryMiddleware):
         # A deadline only says "not now": parked, where parking is on.
         reason = f"{label}: {decision.reason}"
         return self._give_up(request, slot, status, reason, "deadline", wait, attempts=attempt, park=not exhausted)
-
-    def _connection_failed(self, request: Request, exception: Exception) -> None:
-        """A burst of refused connections pauses the slot: a dead host is a fact about the host."""
-        slot = self._retry_after.slot_of(request)
-        policy = self._retry_after.config.policy_for(slot)
-        count = self._board.connection_failed(slot)
-        wait = host_down_wait(count, policy.host_down_threshold, policy.backoff, self._rng)
-        if wait is None:
-            return
-        added = self._board.cool(slot, wait, policy.wake_jitter)
-        if not added:
-            return
-        self._stats.inc_value("retry_after/host_down")
-        add_seconds(self._stats, "retry_after/cooldown_seconds", added)
-        self._retry_after.send_back(slot)
-        logger.warning(
-            "Host %(slot)s looks down: %(count)d connection failures in a row (last %(error)s), "
-            "pausing the slot %(wait).2fs",
-            {"slot": printable(slot), "count": count, "error": type(exception).__name__, "wait": self._board.remaining(slot)},
-            extra={"spider": self.crawler.spider},
-        )
