@@ -17,7 +17,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
-from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.exceptions import NotConfigured
 
 from . import scrapy_compat
 from .banflag import register_ban_handler
@@ -98,16 +98,8 @@ class RetryAfterMiddleware:
         slot = self.extension.slot_of(request)
         if slot not in self.board:
             return None
-        refused = self.board.refused(slot)
-        if refused:
-            parked = self.extension.refusals.park_arriving(request, slot)  # one WARNING per refusal, not per request
-            if parked is not None:
-                return parked
-            reason = f"slot refuses requests for {refused:.0f}s more (Retry-After over the cap)"
-            parked = self.give_up(request, slot, None, reason, "over_cap", refused)
-            if parked is not None:
-                return parked
-            raise IgnoreRequest(f"{slot} asked for a wait over RETRY_AFTER_MAX_DELAY")
+        if self.board.refused(slot):
+            return self.extension.refusals.arriving(request, slot, self.give_up)
         if self.extension.queue_holds_slots:
             if self.board.remaining(slot):
                 # Left the scheduler before the throttle, reached us after it.
@@ -135,10 +127,7 @@ class RetryAfterMiddleware:
                 detail = "the crawl closed while it was held"
                 return self.give_up.at_close(request, slot, detail, request.meta.get(THROTTLES, 0), wait)
             if board.refused(slot):
-                parked = self.extension.refusals.park_arriving(request, slot)
-                if parked is not None:
-                    return parked
-                raise IgnoreRequest(f"{slot} asked for a wait over RETRY_AFTER_MAX_DELAY")
+                return self.extension.refusals.arriving(request, slot, self.give_up)
             board.released(slot)
             return None
         finally:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from scrapy import signals
+from scrapy.exceptions import IgnoreRequest
 
 from .eventlog import printable
 from .hostrecord import MAX_REFUSAL, HostRecord, Refusal
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
     from .board import CooldownBoard
+    from .holding import GiveUp
     from .parking import Parking
     from .settings import Config
 
@@ -150,10 +152,18 @@ class Refusals:
             self.extension.nudge_engine()  # the queue may be empty now: let the engine see it before its heartbeat
         return parked
 
-    def park_arriving(self, request: Request, slot: str) -> Request | None:
-        """A request of a refused slot that reached the downloader: parked unsent (None: it could not be)."""
+    def arriving(self, request: Request, slot: str, give_up: GiveUp) -> Request:
+        """A request of a refused slot that reached the downloader: parked unsent, one WARNING per
+        refusal; where that fails, the give-up path's (parked alone, or IgnoreRequest to the errback)."""
         parked = self._park(slot, [request])
-        return parked[0] if parked else None
+        if parked:
+            return parked[0]
+        refused = self.board.refused(slot)
+        reason = f"slot refuses requests for {refused:.0f}s more (Retry-After over the cap)"
+        given_up = give_up(request, slot, None, reason, self.reason(slot), refused)
+        if given_up is not None:
+            return given_up
+        raise IgnoreRequest(f"{slot} asked for a wait over RETRY_AFTER_MAX_DELAY")
 
     def _park(self, slot: str, requests: list[Request]) -> list[Request] | None:
         """Park ``requests`` of refused ``slot`` in one write; None when parking is off or failed.
