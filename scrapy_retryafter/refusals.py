@@ -239,7 +239,8 @@ class Refusals:
                 continue
             seconds = min(refusal.until - now, MAX_REFUSAL)
             self.board.refuse(host, seconds)
-            self.why[host] = (refusal.reason or "over_cap", now + seconds)
+            # A reason from the file is logged and parked: only the ones written here are taken.
+            self.why[host] = (refusal.reason if refusal.reason in _DETAIL else "over_cap", now + seconds)
             loaded += 1
         if loaded:
             assert self.stats is not None

@@ -137,3 +137,76 @@ async def test_a_host_down_longer_than_max_delay_is_refused_and_the_crawl_finish
     assert crawler.stats.get_value("retry_after/host_down_refused") == 1
     assert {r["reason"] for r in records} >= {"host_down"}
     assert len(records) + len([s for _, s in crawler.spider.seen]) + len(crawler.spider.failures) >= 30
+
+
+# -- the state file attacked ---------------------------------------------------------------------
+
+
+def _state(path: Path, hosts: dict) -> None:
+    path.write_text(json.dumps({"version": 1, "hosts": hosts}))
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_refusal_a_year_long_in_the_file_is_a_week_at_most(server, tmp_path):
+    host = server.add_host(HostConfig())
+    server.start()
+    park_file = tmp_path / "parked.jsonl"
+    now = time.time()
+    _state(tmp_path / HOST_STATE_NAME, {host.address.split(":")[0]: {
+        "refusal": {"until": now + 365 * 86400, "reason": "\x1b[31mevil\nline", "at": now - 10}}})
+    crawler = await crawl([Request(host.url("/a"))], {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file)})
+    assert server.arrivals(host) == []
+    (record,) = _records(park_file)
+    assert record["reason"] == "over_cap"  # a reason from the file is never logged or parked as written
+    from scrapy_retryafter.parkrecord import parse_iso
+
+    assert parse_iso(record["not_before"]) <= now + 7 * 86400 + 60
+    assert crawler.stats.get_value("retry_after/refusals_loaded") == 1
+
+
+@pytest.mark.parametrize("kind", ["symlink", "world-writable", "garbage", "huge"])
+@pytest_twisted.ensureDeferred
+async def test_an_unusable_state_file_costs_one_line_and_the_crawl_runs(server, tmp_path, caplog, kind):
+    host = server.add_host(HostConfig())
+    server.start()
+    park_file = tmp_path / "parked.jsonl"
+    state = tmp_path / HOST_STATE_NAME
+    victim = tmp_path / "victim"
+    refused = {host.address.split(":")[0]: {"refusal": {"until": time.time() + 3600, "reason": "over_cap", "at": time.time()}}}
+    if kind == "symlink":
+        _state(victim, refused)
+        state.symlink_to(victim)
+    elif kind == "world-writable":
+        _state(state, refused)
+        state.chmod(0o666)
+    elif kind == "garbage":
+        state.write_bytes(b"\x00{not json" * 1000)
+    else:
+        state.write_bytes(b"[" * (30 << 20))
+    before = victim.read_bytes() if victim.exists() else None
+    started = time.monotonic()
+    crawler = await crawl([Request(host.url("/a"))], {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file)})
+    assert time.monotonic() - started < 10
+    assert [url for url, _ in crawler.spider.seen] == [host.url("/a")]
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "state file" in r.getMessage()]
+    assert len(lines) <= 1, lines
+    if kind in ("symlink", "world-writable"):
+        assert len(lines) == 1
+    if before is not None:
+        assert victim.read_bytes() == before
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_crawls_refused_at_once_both_refusals_are_kept(server, tmp_path):
+    from twisted.internet.defer import DeferredList, ensureDeferred
+
+    one = server.add_host(HostConfig(reject_first=10**6, penalty=0.01, retry_after="3600"))
+    two = server.add_host(HostConfig(reject_first=10**6, penalty=0.01, retry_after="7200"))
+    server.start()
+    settings = {**ADDON, "RETRY_AFTER_HOST_STATE_FILE": str(tmp_path / "hosts.json")}
+    await DeferredList([
+        ensureDeferred(crawl([Request(one.url(f"/{i}")) for i in range(20)], settings)),
+        ensureDeferred(crawl([Request(two.url(f"/{i}")) for i in range(20)], settings)),
+    ])
+    hosts = json.loads((tmp_path / "hosts.json").read_text())["hosts"]
+    assert {one.address.split(":")[0], two.address.split(":")[0]} <= set(hosts)
