@@ -143,7 +143,7 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         self.pqueues[slot] = queue
         self._choice.add(slot)
         if self._board.refused(slot):
-            self._extension.refusals.soon()  # a refused slot's request waits here for the next sweep only
+            self._extension.refusals.soon(slot)  # a refused slot's request waits here for the next sweep only
 
     def _wait(self, request: Request) -> bool:
         """Hold a retry whose backoff has not ended yet; False when it may go now."""

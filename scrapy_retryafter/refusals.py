@@ -86,6 +86,7 @@ class Refusals:
         self.memory: HostMemory | None = None
         self._broken = False
         self._scan_all = False
+        self._asked: set[str] = set()
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
 
     # -- refusing ----------------------------------------------------------------------------
@@ -100,7 +101,7 @@ class Refusals:
         if previous is None or until > previous[1] + 1.0:
             self.why[slot] = (reason, until)
             self._remember(slot, reason, until)
-        self.soon()
+        self.soon(slot)
 
     def until(self, slot: str) -> float | None:
         """Epoch seconds the slot is refused until, None when it is not refused."""
@@ -119,17 +120,23 @@ class Refusals:
         self._scan_all = True
         self.soon()
 
-    def soon(self) -> None:
-        if self._timer is None and self.extension.parking is not None:
+    def soon(self, slot: str | None = None) -> None:
+        """Sweep ``slot`` (None: only the fleet's scan) in a moment: the pushes of one burst share a batch."""
+        if self._broken or self.extension.parking is None:
+            return  # nothing to park into: the give-up path takes them one by one
+        if slot is not None:
+            self._asked.add(slot)
+        if self._timer is None:
             self._timer = call_later(_SWEEP_DELAY, self.sweep)
 
     # -- parking -----------------------------------------------------------------------------
 
     def sweep(self) -> int:
-        """Park every queued request of every refused slot, one batch per slot; how many were parked."""
+        """Park the queued requests of the refused slots asked about, one batch per slot; how many were parked."""
         self._timer = None
         parked = 0
-        slots = dict.fromkeys(self.why)
+        slots = dict.fromkeys(self._asked)  # not every refused slot: a file may hold thousands
+        self._asked = set()
         if self._scan_all:  # refused elsewhere (the fleet's board): which queued slots, once
             self._scan_all = False
             for queue in self.extension.queues:
