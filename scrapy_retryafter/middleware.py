@@ -120,7 +120,6 @@ class RetryAfterMiddleware:
         try:
             if not await self.extension.downloader_hold.wait(
                 request, slot,
-                # Refused while held: leave the wait at once, to be parked below.
                 lambda: 0.0 if board.refused(slot) else board.ready_at(slot, self._holding[slot]) - board.clock(),
             ):
                 wait = max(0.0, board.ready_at(slot, 1) - board.clock())
@@ -266,6 +265,8 @@ class RetryAfterMiddleware:
         if not decision.retry or request.meta.get("dont_retry", False):
             if not request.meta.get("dont_retry", False):
                 slot = self.extension.slot_of(request)
+                if decision.outcome == "over_cap" and (back := self.extension.refusals.rejoin(request, slot)):
+                    return back
                 wait = decision.refuse or self.board.remaining(slot)
                 parked = self.give_up(request, slot, response.status, decision.reason, decision.outcome, wait)
                 if parked is not None:

@@ -138,6 +138,10 @@ class Parking:
         crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
 
     @property
+    def usable(self) -> bool:
+        return self.file is not None and self._refused is None
+
+    @property
     def path(self) -> Path:
         if self.file is not None:
             return self.file.path
@@ -146,11 +150,8 @@ class Parking:
     # -- parking ------------------------------------------------------------------------
 
     def park(self, request: Request, slot: str, reason: str, detail: str, attempts: int, wait: float) -> Request:
-        """Write ``request`` to the park file; return it marked for the engine to drop.
-
-        Raises ParkFileError (an OSError) when the record is not durable; the
-        request is then untouched.
-        """
+        """Write ``request`` to the park file; return it marked for the engine to drop. ParkFileError
+        (an OSError) when the record is not durable: the request is then untouched."""
         return self.park_many([(request, slot, reason, detail, attempts, wait)])[0]
 
     def park_many(self, items: Iterable[tuple[Request, str, str, str, int, float]]) -> list[Request]:

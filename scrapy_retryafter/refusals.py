@@ -51,6 +51,7 @@ class _Crawl(Protocol):
     board: CooldownBoard
     config: Config
     parking: Parking | None
+    queue_holds_slots: bool
 
     @property
     def queues(self) -> Sequence[_Queue]: ...
@@ -122,7 +123,7 @@ class Refusals:
 
     def soon(self, slot: str | None = None) -> None:
         """Sweep ``slot`` (None: only the fleet's scan) in a moment: the pushes of one burst share a batch."""
-        if self._broken or self.extension.parking is None:
+        if self._broken or self.extension.parking is None or not self.extension.parking.usable:
             return  # nothing to park into: the give-up path takes them one by one
         if slot is not None:
             self._asked.add(slot)
@@ -172,6 +173,18 @@ class Refusals:
             return given_up
         raise IgnoreRequest(f"{slot} asked for a wait over RETRY_AFTER_MAX_DELAY")
 
+    def rejoin(self, request: Request, slot: str) -> Request | None:
+        """An answer over the cap, with the queue: the request goes back to the scheduler, where the
+        sweep parks it in its slot's batch (one WARNING for all, not one per request in flight)."""
+        parking = self.extension.parking
+        if not self.extension.queue_holds_slots or self._broken or parking is None or not parking.usable:
+            return None
+        if not self.board.refused(slot):
+            return None
+        assert self.stats is not None
+        self.stats.inc_value("retry_after/gave_up")
+        return request.replace(dont_filter=True)
+
     def _park(self, slot: str, requests: list[Request]) -> list[Request] | None:
         """Park ``requests`` of refused ``slot`` in one write; None when parking is off or failed.
 
@@ -180,7 +193,7 @@ class Refusals:
         requests meet the give-up path one by one, which hands them to the errback.
         """
         parking = self.extension.parking
-        if parking is None or self._broken or not requests:
+        if parking is None or not parking.usable or self._broken or not requests:
             return None
         now = time.time()
         until = self.until(slot) or now

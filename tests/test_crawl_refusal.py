@@ -43,8 +43,9 @@ def _slot_lines(caplog, address: str) -> list[str]:
     ]
 
 
+@pytest.mark.parametrize("per_domain", [1, 8])
 @pytest_twisted.ensureDeferred
-async def test_a_refused_slot_is_parked_in_one_sweep_and_the_next_run_sends_it_nothing(server, tmp_path, caplog):
+async def test_a_refused_slot_is_parked_in_one_sweep_and_the_next_run_sends_it_nothing(server, tmp_path, caplog, per_domain):
     caplog.set_level(logging.INFO)
     caplog.set_level(logging.DEBUG, logger="scrapy_retryafter.refusals")  # the quiet later sweeps: their times
     capped = server.add_host(HostConfig(reject_first=10**6, penalty=0.01, retry_after="3600"))
@@ -52,12 +53,14 @@ async def test_a_refused_slot_is_parked_in_one_sweep_and_the_next_run_sends_it_n
     server.start()
     park_file = tmp_path / "parked.jsonl"
     settings = {
-        **ADDON, "RETRY_AFTER_PARK_FILE": str(park_file), "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+        **ADDON, "RETRY_AFTER_PARK_FILE": str(park_file), "CONCURRENT_REQUESTS_PER_DOMAIN": per_domain,
         "RETRY_AFTER_LOGSTATS_INTERVAL": 0.05,
     }
     requests = [Request(capped.url(f"/{i}")) for i in range(QUEUED)] + [Request(free.url(f"/{i}")) for i in range(5)]
     crawler = await crawl(requests, settings)
-    (throttle,) = server.arrivals(capped)
+    sent = server.arrivals(capped)
+    assert len(sent) <= per_domain  # only those in flight when the first answer came
+    throttle = sent[0]
     throttled_at = time.time() - (time.monotonic() - throttle.t)
     parked_at = max(r.created for r in caplog.records if r.getMessage().startswith(f"Refused {capped.address}"))
     records = _records(park_file)
@@ -80,7 +83,7 @@ async def test_a_refused_slot_is_parked_in_one_sweep_and_the_next_run_sends_it_n
     # The next run, before the refusal ends: nothing to that host, one record per request still.
     caplog.clear()
     crawler = await crawl(requests, settings)
-    assert len(server.arrivals(capped)) == 1
+    assert len(server.arrivals(capped)) == len(sent)
     assert len(crawler.spider.seen) == 5
     assert len(_records(park_file)) == QUEUED
     assert crawler.stats.get_value("retry_after/refusals_loaded") == 1
