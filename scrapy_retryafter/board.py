@@ -46,6 +46,9 @@ class CooldownBoard(SlotPaces):
     SlotTable's (slottable.py).
     """
 
+    hold_refused = True
+    """Hold a refused slot's requests for its sweep (refusals.py); off where they cannot be parked."""
+
     def __init__(
         self,
         clock: Callable[[], float] = time.monotonic,
@@ -107,6 +110,7 @@ class CooldownBoard(SlotPaces):
         state.refuse_until = max(state.refuse_until, self.clock() + seconds)
 
     def refused(self, slot: str) -> float:
+        """Seconds the slot is still refused for (0.0: not refused)."""
         state = self._slots.get(slot)
         if state is None:
             return 0.0
@@ -129,6 +133,8 @@ class CooldownBoard(SlotPaces):
         if state is None:
             return 0.0
         now = self.clock()
+        if state.refuse_until > now and self.hold_refused:
+            return state.refuse_until  # refused: its queued requests are parked, never released
         if self.pauses:
             paused_until = self.pauses.ready_at(slot, now)
             if paused_until > now:

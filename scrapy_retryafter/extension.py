@@ -25,6 +25,7 @@ from .breaker import OPEN
 from .holding import DownloaderHold, GiveUp
 from .jobstate import STATE_FILE, load_board, save_board
 from .parking import Parking
+from .refusals import Refusals
 from .retry_reporting import check_give_up_log_level
 from .settings import Config, load_config
 from .settingsguard import warn_unknown_settings, warn_unused_slot_keys
@@ -54,6 +55,10 @@ class SlotHoldingQueue(Protocol):
     pqueues: dict[str, Any]
 
     def take_waiting(self) -> Iterator[tuple[Request, str, float]]: ...
+
+    def take_slot(self, slot: str) -> list[Request]: ...
+
+    def push(self, request: Request) -> None: ...
 
     def look_again(self, slot: str, **kwargs: Any) -> None: ...
 
@@ -114,6 +119,9 @@ class RetryAfterExtension:
         self.parking: Parking | None = None
         if config.enabled and config.parking:
             self.parking = Parking(crawler, config, self._held_at_close)
+        self.board.hold_refused = self.parking is not None
+        self.refusals = Refusals(crawler, self)
+        """Refused slots: their requests parked in one sweep, the refusal kept in the per-host state file."""
         self.give_up = GiveUp(crawler, self.parking)
         """The one give-up path of both middlewares."""
         self.downloader_hold = DownloaderHold(crawler)
@@ -198,6 +206,8 @@ class RetryAfterExtension:
     def _holding(self, slot: str, now: float) -> str | None:
         if slot not in self.board:
             return None
+        if self.board.refused(slot):
+            return "its slot was refused"
         if self.board.breaker_state(slot) == OPEN:
             return "its circuit was open"
         if self.board.ready_at(slot, 1) > now:
@@ -222,6 +232,10 @@ class RetryAfterExtension:
         self._timer = None
         self._timer_at = float("inf")
         self.nudge_engine()
+
+    def refused_elsewhere(self, slot: str) -> None:
+        """The fleet refused ``slot``: its queued requests are swept and parked as for a refusal here."""
+        self.refusals.refused_elsewhere()
 
     def nudge_engine(self) -> None:
         scrapy_compat.nudge_engine(self.crawler)

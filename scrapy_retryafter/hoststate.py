@@ -167,6 +167,11 @@ class HostMemory:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise HostMemoryError(f"{self.path} is not a regular file: move it away or set another path")
+            # Whoever can write it can refuse any host for a week: only our own, not writable by all.
+            if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+                raise HostMemoryError(f"{self.path} belongs to another user (uid {info.st_uid}): not read")
+            if info.st_mode & stat.S_IWOTH:
+                raise HostMemoryError(f"{self.path} is writable by every user: not read (chmod o-w it)")
             # Never more than the largest file max_hosts records make: a longer one is cut, so garbage.
             left = self.max_hosts * _RECORD_BYTES + _BAD_BYTES + 1
             chunks = []

@@ -105,6 +105,7 @@ class RetryAfterLogStats:
                 parked=parked.get(slot, 0),
                 sent=sent.get(slot),
                 over=over,
+                refused_until=extension.refusals.until(slot),
             )
             for slot in slots
         ]
@@ -123,7 +124,8 @@ class RetryAfterLogStats:
         if not slots:
             return None
         rates = {slot: board.rate(slot) for slot in slots}
-        return summary_table(summary_rows(tally, slots, rates, parked))
+        refused = {slot: until for slot in slots if (until := self.extension.refusals.until(slot)) is not None}
+        return summary_table(summary_rows(tally, slots, rates, parked, refused))
 
     def _spider_opened(self, **kwargs: Any) -> None:
         self._counted_at = self.extension.board.clock()

@@ -17,7 +17,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
-from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.exceptions import NotConfigured
 
 from . import scrapy_compat
 from .banflag import register_ban_handler
@@ -102,13 +102,8 @@ class RetryAfterMiddleware:
         slot = self.extension.slot_of(request)
         if slot not in self.board:
             return None
-        refused = self.board.refused(slot)
-        if refused:
-            reason = f"slot refuses requests for {refused:.0f}s more (Retry-After over the cap)"
-            parked = self.give_up(request, slot, None, reason, "over_cap", refused)
-            if parked is not None:
-                return parked
-            raise IgnoreRequest(f"{slot} asked for a wait over RETRY_AFTER_MAX_DELAY")
+        if self.board.refused(slot):
+            return self.extension.refusals.arriving(request, slot, self.give_up)
         if self.extension.queue_holds_slots:
             if self.board.remaining(slot):
                 # Left the scheduler before the throttle, reached us after it.
@@ -128,11 +123,14 @@ class RetryAfterMiddleware:
         self._holding[slot] += 1
         try:
             if not await self.extension.downloader_hold.wait(
-                request, slot, lambda: board.ready_at(slot, self._holding[slot]) - board.clock()
+                request, slot,
+                lambda: 0.0 if board.refused(slot) else board.ready_at(slot, self._holding[slot]) - board.clock(),
             ):
                 wait = max(0.0, board.ready_at(slot, 1) - board.clock())
                 detail = "the crawl closed while it was held"
                 return self.give_up.at_close(request, slot, detail, request.meta.get(THROTTLES, 0), wait)
+            if board.refused(slot):
+                return self.extension.refusals.arriving(request, slot, self.give_up)
             board.released(slot)
             return None
         finally:
@@ -218,12 +216,14 @@ class RetryAfterMiddleware:
             slot,
             sent,
             decision.cooldown,
-            learn=policy.adaptive,
+            learn=policy.adaptive and not decision.refuse,  # a refusal teaches no pace: nothing is sent
             wake_jitter=policy.wake_jitter,
             circuit_threshold=policy.circuit_threshold,
             circuit_open_seconds=policy.circuit_open_seconds,
             refuse=decision.refuse,
         )
+        if decision.refuse:
+            self.extension.refusals.refuse(slot, decision.refuse, "over_cap")
         added = event.added
         self.stats.inc_value("retry_after/throttled")
         self.stats.inc_value(f"retry_after/throttled/{response.status}")
@@ -269,6 +269,8 @@ class RetryAfterMiddleware:
         if not decision.retry or request.meta.get("dont_retry", False):
             if not request.meta.get("dont_retry", False):
                 slot = self.extension.slot_of(request)
+                if decision.outcome == "over_cap" and (back := self.extension.refusals.rejoin(request, slot)):
+                    return back
                 wait = decision.refuse or self.board.remaining(slot)
                 parked = self.give_up(request, slot, response.status, decision.reason, decision.outcome, wait)
                 if parked is not None:

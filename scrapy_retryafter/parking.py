@@ -23,10 +23,12 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import functools
+import hashlib
 import logging
 import os
 import stat
 import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +57,7 @@ if TYPE_CHECKING:
 
     from .settings import Config
 
-__all__ = ["PARK_ID", "Parking", "park_file_path"]
+__all__ = ["PARK_ID", "Parking", "park_file_path", "record_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +102,22 @@ def project_owner(park_file: Path, configured: bool) -> int | None:
 
 def _park_file(path: Path, config: Config) -> ParkFile:
     return ParkFile(path, trusted_uid=project_owner(path, bool(config.park_file)))
+
+
+def record_key(crawler: Crawler, request: Request, spider_name: str) -> str:
+    """One record per request however often it is parked: the fold keeps the last line of an id.
+
+    The request fingerprint and the callback name: the same URL for two
+    callbacks is two requests; the same one parked by two runs is one.
+    """
+    fingerprinter = getattr(crawler, "request_fingerprinter", None)
+    if fingerprinter is None:
+        return uuid.uuid4().hex
+    callback = request.callback
+    name = getattr(callback, "__name__", "") if callback is not None else "parse"
+    digest = hashlib.sha256(fingerprinter.fingerprint(request))
+    digest.update(b"\0" + name.encode("utf-8", "replace") + b"\0" + spider_name.encode("utf-8", "replace"))
+    return "r" + digest.hexdigest()[:40]
 
 
 def _name_refused(name: Any) -> str | None:
@@ -152,6 +170,10 @@ class Parking:
         crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
 
     @property
+    def usable(self) -> bool:
+        return self.file is not None and self._refused is None
+
+    @property
     def path(self) -> Path:
         if self.file is not None:
             return self.file.path
@@ -160,11 +182,8 @@ class Parking:
     # -- parking ------------------------------------------------------------------------
 
     def park(self, request: Request, slot: str, reason: str, detail: str, attempts: int, wait: float) -> Request:
-        """Write ``request`` to the park file; return it marked for the engine to drop.
-
-        Raises ParkFileError (an OSError) when the record is not durable; the
-        request is then untouched.
-        """
+        """Write ``request`` to the park file; return it marked for the engine to drop. ParkFileError
+        (an OSError) when the record is not durable: the request is then untouched."""
         return self.park_many([(request, slot, reason, detail, attempts, wait)])[0]
 
     def park_many(self, items: Iterable[tuple[Request, str, str, str, int, float]]) -> list[Request]:
@@ -179,8 +198,7 @@ class Parking:
                 not_before=now + max(0.0, wait), request=self._serialize(request), spider=self.spider_name,
             )
             record_id = request.meta.get(PARK_ID)
-            if isinstance(record_id, str) and record_id:
-                record.id = record_id
+            record.id = record_id if isinstance(record_id, str) and record_id else record_key(self.crawler, request, self.spider_name)
             if record.request is not None and len(record.to_line()) > MAX_LINE:
                 self._url_only(request, f"its record would be over {MAX_LINE} bytes")
                 record.request = None

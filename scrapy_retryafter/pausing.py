@@ -45,6 +45,7 @@ class Pausing:
             slot, kind, self.board.clock(), sent_at(request.meta, self.board.clock()), policy.host_down_threshold, policy.backoff, self.rng
         )
         self._carry_out(slot, kind, event, f"{policy.host_down_threshold} {kind} failures in a row")
+        self._cap(slot, policy)
         return event
 
     def pause(self, request: Request, slot: str, policy: SlotPolicy, kind: str, why: str) -> PauseEvent:
@@ -56,7 +57,19 @@ class Pausing:
         else:
             event = PauseEvent(True, False, board.pauses.pause(slot, kind, board.clock(), policy.backoff, self.rng))
         self._carry_out(slot, kind, event, why)
+        self._cap(slot, policy)
         return event
+
+    def _cap(self, slot: str, policy: SlotPolicy) -> None:
+        """A pause longer than the slot's max_delay is a refusal: the held requests are parked
+        (reason host_down) and the crawl can finish, instead of wearing them down one probe at a time."""
+        pause = self.board.pauses.pause_of(slot)
+        if pause is None or self.board.refused(slot):
+            return
+        lasted = self.board.clock() - pause.since
+        if lasted > policy.max_delay:
+            self.stats.inc_value("retry_after/host_down_refused")
+            self.extension.refusals.refuse(slot, policy.max_delay, "host_down")
 
     def _carry_out(self, slot: str, kind: str, event: PauseEvent, why: str) -> None:
         if event.wait:

@@ -21,7 +21,7 @@ import itertools
 import pickle
 import time
 from contextlib import suppress
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +39,7 @@ from .scrapy_compat import (
     slot_load,
 )
 from .signals import circuit_closed, circuit_opened
-from .slotchoice import SlotChoice
+from .slotchoice import SlotChoice, forget_slot
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -142,6 +142,8 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
             raise
         self.pqueues[slot] = queue
         self._choice.add(slot)
+        if self._board.refused(slot):
+            self._extension.refusals.soon(slot)  # a refused slot's request waits here for the next sweep only
 
     def _wait(self, request: Request) -> bool:
         """Hold a retry whose backoff has not ended yet; False when it may go now."""
@@ -203,6 +205,26 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         if slot is None:
             return None
         return self.pqueues[slot].peek()
+
+    def take_slot(self, slot: str) -> list[Request]:
+        """Take every request this queue holds for ``slot`` (a refused slot: they are parked in one batch)."""
+        taken: list[Request] = []
+        queue = self.pqueues.pop(slot, None)
+        if queue is not None:
+            forget_slot(self._choice, slot)
+            while (request := queue.pop()) is not None:
+                taken.append(request)
+            queue.close()
+            if self.key:
+                with suppress(OSError):
+                    Path(self.key, path_safe(slot)).rmdir()
+        if self._waiting:
+            kept = [entry for entry in self._waiting if self._slot_key(entry[2]) != slot]
+            if len(kept) != len(self._waiting):
+                taken.extend(entry[2] for entry in self._waiting if self._slot_key(entry[2]) == slot)
+                heapify(kept)
+                self._waiting = kept
+        return taken
 
     def take_waiting(self) -> Iterator[tuple[Request, str, float]]:
         """Hand over the retries still waiting out their backoff, with their slot and wait left."""

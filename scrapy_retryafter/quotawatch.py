@@ -73,7 +73,7 @@ class QuotaWatch:
         if decision.free:
             return
         if decision.refuse:
-            self.board.refuse(slot, decision.refuse)
+            self.extension.refusals.refuse(slot, decision.refuse, "quota")
         rate = decision.rate
         if rate is not None and rate != self.board.rate(slot):
             if self.board.rate(slot) is None:

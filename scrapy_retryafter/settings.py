@@ -122,6 +122,10 @@ class Config:
     redis: RedisConfig | None = None
     memory_age: float = 604800.0
     """RETRY_AFTER_MEMORY_AGE: seconds a remembered per-host limit lives (the fleet's rates too)."""
+    host_state: bool = True
+    """RETRY_AFTER_HOST_STATE: keep refusals in the per-host state file for the next run."""
+    host_state_file: str | None = None
+    """RETRY_AFTER_HOST_STATE_FILE; None: ``retry_after.hosts.json`` beside the park file."""
 
     def policy_for(self, slot: str) -> SlotPolicy:
         return self.slots.get(slot, self.default)
@@ -178,6 +182,8 @@ _OTHER_SETTINGS = (
     "RETRY_AFTER_SLOTS",
     "RETRY_AFTER_PARKING",
     "RETRY_AFTER_PARK_FILE",
+    "RETRY_AFTER_HOST_STATE",
+    "RETRY_AFTER_HOST_STATE_FILE",
     "RETRY_AFTER_LOGSTATS_INTERVAL",
     "RETRY_AFTER_ALL_RETRIES",
     "RETRY_AFTER_REDIS_URL",
@@ -252,6 +258,8 @@ def _load_config(settings: Mapping[str, Any] | Any) -> Config:
     all_retries = False if all_retries is None else _bool("RETRY_AFTER_ALL_RETRIES", all_retries)
     raw_age = get("RETRY_AFTER_MEMORY_AGE")
     memory_age = 604800.0 if raw_age is None else checked_with(_MEMORY_AGE, "RETRY_AFTER_MEMORY_AGE", raw_age)
+    raw_state = get("RETRY_AFTER_HOST_STATE")
+    host_state = True if raw_state is None else _bool("RETRY_AFTER_HOST_STATE", raw_state)
     try:
         load_scope_config(get)  # checked at start, though no crawl applies scopes yet
     except ValueError as error:
@@ -260,16 +268,17 @@ def _load_config(settings: Mapping[str, Any] | Any) -> Config:
         enabled=enabled, default=default, slots=slots, parking=parking,
         park_file=_park_file(get("RETRY_AFTER_PARK_FILE")), logstats_interval=interval,
         all_retries=all_retries, redis=load_redis_config(get, memory_age), memory_age=memory_age,
+        host_state=host_state, host_state_file=_park_file(get("RETRY_AFTER_HOST_STATE_FILE"), "RETRY_AFTER_HOST_STATE_FILE"),
     )
 
 
-def _park_file(raw: Any) -> str | None:
+def _park_file(raw: Any, name: str = "RETRY_AFTER_PARK_FILE") -> str | None:
     if raw is None or raw == "":
         return None
     if isinstance(raw, os.PathLike):
         raw = os.fspath(raw)
     if not isinstance(raw, str) or "\0" in raw:
-        raise RetryAfterSettingError(f"RETRY_AFTER_PARK_FILE must be a file path (str or os.PathLike); got {raw!r}")
+        raise RetryAfterSettingError(f"{name} must be a file path (str or os.PathLike); got {raw!r}")
     return raw
 
 

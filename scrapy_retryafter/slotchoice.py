@@ -276,3 +276,15 @@ class SlotChoice:
             heappop(cooling)
         if cooling:
             self._wake_at(cooling[0][0])
+
+
+def forget_slot(choice: SlotChoice, slot: str) -> None:
+    """Forget a slot whose queue was taken away whole (refused: its requests parked).
+
+    Rare (once per refusal), so a linear pass; its cooling entry, if any, goes stale.
+    """
+    choice._due.pop(slot, None)
+    for heap in (choice._ahead, choice._behind):
+        if slot in heap:
+            heap.remove(slot)
+            heapify(heap)  # harmless while the list is not heaped

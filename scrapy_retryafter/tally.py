@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from .breaker import CLOSED
 from .eventlog import printable
+from .parkrecord import iso
 
 __all__ = ["SlotTally", "SlotView", "SummaryRow", "live_line", "live_lines", "summary_rows", "summary_table"]
 
@@ -82,11 +83,13 @@ class SlotView:
     """Requests per second the slot really sent (answers, 429s included) over the last ``over`` seconds;
     None before a whole interval was seen. The pace ``rate`` is only what it may send."""
     over: float = 0.0
+    refused_until: float | None = None
+    """Epoch seconds the slot is refused until (over the cap, a host down too long); None: not refused."""
 
     @property
     def held_back(self) -> bool:
         """Whether anything holds this slot back right now (a pace with nothing waiting does not)."""
-        return self.cooling > 0 or self.circuit != CLOSED or self.held > 0
+        return self.refused_until is not None or self.cooling > 0 or self.circuit != CLOSED or self.held > 0
 
 
 def live_line(view: SlotView) -> str:
@@ -96,7 +99,10 @@ def live_line(view: SlotView) -> str:
     start, or when a quota allows more than the crawl asks, the pace runs
     far above what the slot sends.
     """
-    parts = [f"cooling down for {view.cooling:.1f} s" if view.cooling > 0 else "sending"]
+    if view.refused_until is not None:
+        parts = [f"refused until {iso(view.refused_until)}"]
+    else:
+        parts = [f"cooling down for {view.cooling:.1f} s" if view.cooling > 0 else "sending"]
     if view.sent is not None:
         parts.append(f"{view.sent:.1f} requests/s sent in the last {view.over:.3g} s")
     if view.circuit != CLOSED:
@@ -128,10 +134,12 @@ class SummaryRow:
     rate: float | None
     circuit_opens: int
     parked: int
+    refused_until: float | None = None
 
 
 def summary_rows(
-    tally: SlotTally, slots: Iterable[str], rates: Mapping[str, float | None], parked: Mapping[str, int]
+    tally: SlotTally, slots: Iterable[str], rates: Mapping[str, float | None], parked: Mapping[str, int],
+    refused: Mapping[str, float] | None = None,
 ) -> list[SummaryRow]:
     return [
         SummaryRow(
@@ -142,6 +150,7 @@ def summary_rows(
             rate=rates.get(slot),
             circuit_opens=tally.circuit_opens.get(slot, 0),
             parked=parked.get(slot, 0),
+            refused_until=(refused or {}).get(slot),
         )
         for slot in slots
     ]
@@ -160,7 +169,7 @@ def summary_table(rows: list[SummaryRow], limit: int = MAX_LINES) -> str:
             printable(row.slot, 60),
             str(row.responses),
             " ".join(f"{status}x{count}" for status, count in row.throttles.items()) or "-",
-            f"{row.cooldown:.1f}",
+            f"refused until {iso(row.refused_until)}" if row.refused_until is not None else f"{row.cooldown:.1f}",
             f"{row.rate:.2f}" if row.rate is not None else "-",
             str(row.circuit_opens),
             str(row.parked),

@@ -68,6 +68,7 @@ async def test_retry_after_over_the_cap_parks_every_request_until_the_hosts_time
     capped.config.reject_first = 0
     past = iso(time.time() - 1)
     park_file.write_text("".join(json.dumps({**r, "not_before": past}) + "\n" for r in records))
+    (tmp_path / "retry_after.hosts.json").unlink()  # the host's refusal ended too
     crawler = await crawl([], settings)
     assert sorted(url for url, _ in crawler.spider.seen) == sorted(capped.url(f"/{i}") for i in range(6))
     assert {a.headers.get("cookie") for a in server.arrivals(capped, status=200)} == {"session=s3cret"}
@@ -255,10 +256,12 @@ async def test_crawlers_built_before_their_spider_and_one_that_failed_to_open_sh
     assert other.spider.seen == []  # another spider's parked requests are not its own
     past = iso(time.time() - 1)
     park_file.write_text("".join(json.dumps({**r, "not_before": past}) + "\n" for r in _records(park_file)))
+    (park_file.parent / "retry_after.hosts.json").unlink()  # the host's refusal ended too
     await first.crawl(requests=[])
     assert sorted(url for url, _ in first.spider.seen) == [capped.url(f"/{i}") for i in range(3)]
     assert not park_file.exists()
-    assert sorted(os.listdir(tmp_path / ".scrapy" / "retry_after")) == []
+    # The per-host state file's lock stays (removing a lock file another process may hold is a race).
+    assert sorted(os.listdir(tmp_path / ".scrapy" / "retry_after")) == ["retry_after.hosts.json.lock"]
 
 
 @pytest_twisted.ensureDeferred
@@ -321,7 +324,8 @@ async def test_on_a_full_disk_every_request_is_parked_whole_or_reaches_the_errba
     assert fold.bad == [] and parked and failed
     assert sorted(parked + failed) == sorted(r.url for r in requests)
     assert all(entry.record().request["body"] for entry in fold.records.values())
-    assert os.listdir(small_disk) == ["parked.jsonl"]
+    # No temporary file left; the per-host state file (a few hundred bytes) and its lock fit.
+    assert sorted(os.listdir(small_disk)) == ["parked.jsonl", "retry_after.hosts.json", "retry_after.hosts.json.lock"]
 
 
 # -- hostile records ---------------------------------------------------------------------------

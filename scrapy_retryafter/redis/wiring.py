@@ -39,6 +39,8 @@ class FleetHost(Protocol):
 
     def nudge_engine(self) -> None: ...
 
+    def refused_elsewhere(self, slot: str) -> None: ...
+
 
 def fleet_board(extension: FleetHost, config: Config, clock: Any) -> RedisBoard:
     """The Redis board for ``extension``'s crawl, its events wired, connected if Redis answers."""
@@ -90,6 +92,7 @@ class FleetEvents:
             {"slot": printable(slot), "wait": seconds},
             extra={"spider": self.crawler.spider},
         )
+        self.extension.refused_elsewhere(slot)
 
     def remote_circuit(self, slot: str, opened: bool) -> None:
         self.stats.inc_value(f"retry_after/redis/remote_circuit_{'opened' if opened else 'closed'}")
