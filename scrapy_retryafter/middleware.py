@@ -8,7 +8,6 @@ until the slot reopens.
 
 from __future__ import annotations
 
-import collections
 import logging
 import math
 import random
@@ -60,8 +59,6 @@ class RetryAfterMiddleware:
         self.stats = crawler.stats
         self.rng = random.Random()
         self._all_codes = self.config.all_codes
-        self._holding: collections.Counter[str] = collections.Counter()
-        """Requests waiting in _hold per slot (middleware-only mode); a slot leaves it with its last one."""
         self.give_up = extension.give_up
         self.events = SlotEvents(crawler, extension)
         self._watch_responses = any(
@@ -109,34 +106,10 @@ class RetryAfterMiddleware:
                 # Left the scheduler before the throttle, reached us after it.
                 raise SlotCoolingDown(slot)
             return None
-        way = self.room.admit(request, slot, self._holding[slot])
+        way = self.room.admit(request, slot)
         if way == "hold":  # it bypassed the scheduler (robots.txt, engine.download)
-            return self._hold(slot, request)
+            return self.room.hold_in_place(slot, request, self.give_up)
         return None if way == "go" else self.room.bounced(request)
-
-    async def _hold(self, slot: str, request: Request) -> Request | None:
-        """Without the queue, wait here for the board's release (this holds a download place).
-
-        The same board decides as for the queue: cooldown, wake spread, pace, breaker.
-        """
-        board = self.board
-        self._holding[slot] += 1
-        try:
-            if not await self.extension.downloader_hold.wait(
-                request, slot,
-                lambda: 0.0 if board.refused(slot) else board.ready_at(slot, self._holding[slot]) - board.clock(),
-            ):
-                wait = max(0.0, board.ready_at(slot, 1) - board.clock())
-                detail = "the crawl closed while it was held"
-                return self.give_up.at_close(request, slot, detail, request.meta.get(THROTTLES, 0), wait)
-            if board.refused(slot):
-                return self.extension.refusals.arriving(request, slot, self.give_up)
-            board.released(slot)
-            return None
-        finally:
-            self._holding[slot] -= 1
-            if not self._holding[slot]:
-                del self._holding[slot]
 
     def _response_downloaded(self, response: Response, request: Request, **kwargs: Any) -> None:
         # Fired before the downloader frees the transfer place and sends the

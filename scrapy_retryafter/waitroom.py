@@ -27,6 +27,7 @@ from scrapy.exceptions import DontCloseSpider, IgnoreRequest
 
 from . import scrapy_compat
 from .breaker import OPEN
+from .holding import THROTTLES
 from .parkrebuild import PARKED
 from .timers import call_later
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
     from .extension import RetryAfterExtension
+    from .holding import GiveUp
 
 __all__ = ["RELEASED", "SCHEDULED", "WaitingRoom"]
 
@@ -59,6 +61,8 @@ class WaitingRoom:
         """True in middleware-only mode, from spider_opened on."""
         self._rooms: dict[str, dict[int, collections.deque[Request]]] = {}
         self._count: collections.Counter[str] = collections.Counter()
+        self._holding: collections.Counter[str] = collections.Counter()
+        """Requests held in place per slot (hold_in_place); a slot leaves it with its last one."""
         self._timer: Any = None
         self._timer_at = float("inf")
         crawler.signals.connect(self.open, signal=signals.spider_opened)
@@ -87,17 +91,41 @@ class WaitingRoom:
             return False  # a refusing slot's requests are given up by the middleware
         return self.board.ready_at(slot, self.waiting(slot) + 1) > self.board.clock()
 
-    def admit(self, request: Request, slot: str, holding: int) -> Literal["go", "bounce", "hold"]:
+    def admit(self, request: Request, slot: str) -> Literal["go", "bounce", "hold"]:
         """At the middleware, for a slot on the board: send now ("go", the board's release taken),
         hand back to the engine ("bounce", it came through the scheduler), or wait in place ("hold")."""
         meta, board = request.meta, self.board
         scheduled = meta.pop(SCHEDULED, False)
         if meta.pop(RELEASED, False) and not self._cooled_again(slot):
             return "go"  # the room released it on the board already
-        if board.ready_at(slot, holding + self.waiting(slot) + 1) <= board.clock():
+        if board.ready_at(slot, self._holding[slot] + self.waiting(slot) + 1) <= board.clock():
             board.released(slot)
             return "go"
         return "bounce" if scheduled and self.active else "hold"
+
+    async def hold_in_place(self, slot: str, request: Request, give_up: GiveUp) -> Request | None:
+        """A request that bypassed the scheduler waits here for the board's release (it holds a download place).
+
+        The same board decides as for the queue: cooldown, wake spread, pace, breaker.
+        """
+        board = self.board
+        self._holding[slot] += 1
+        try:
+            if not await self.extension.downloader_hold.wait(
+                request, slot,
+                lambda: 0.0 if board.refused(slot) else board.ready_at(slot, self._holding[slot]) - board.clock(),
+            ):
+                wait = max(0.0, board.ready_at(slot, 1) - board.clock())
+                detail = "the crawl closed while it was held"
+                return give_up.at_close(request, slot, detail, request.meta.get(THROTTLES, 0), wait)
+            if board.refused(slot):
+                return self.extension.refusals.arriving(request, slot, give_up)
+            board.released(slot)
+            return None
+        finally:
+            self._holding[slot] -= 1
+            if not self._holding[slot]:
+                del self._holding[slot]
 
     def _cooled_again(self, slot: str) -> bool:
         """Throttled again (or its circuit opened) since the room released the request."""
@@ -144,6 +172,10 @@ class WaitingRoom:
             return  # what waits now is parked at close
         board, now, soonest = self.board, self.board.clock(), float("inf")
         for slot in list(self._rooms):
+            if board.refused(slot):
+                while self._count[slot]:  # the middleware parks them at once (Refusals.arriving)
+                    self._release(self._pop(slot))
+                continue
             while self._count[slot]:
                 when = board.ready_at(slot, self._count[slot])
                 if when > now:
