@@ -6,7 +6,9 @@ wait behind new requests in the scheduler), whose first attempt fails too, so
 the pause never ends and the probe interval grows to RETRY_AFTER_BACKOFF_MAX.
 20 URLs under Scrapy's defaults with the add-on: 0 fetched in 200 s
 (arrivals at 0.8, 7.3, 21.1, 43.0, 74.3, 132.3, 180.7 s), against every URL
-in a few seconds with RETRY_AFTER_HOST_DOWN_THRESHOLD=100. Open.
+in a few seconds with RETRY_AFTER_HOST_DOWN_THRESHOLD=100. A cold cache
+(a CDN's 504 on each page's first request, then the page) is the same: 40
+URLs, 0 fetched in 30 s, 10 requests sent. Open.
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ PAGES = 10
 LIMIT = 20
 
 
-async def flaky_crawl(server, **extra):
-    host = server.add_host(HostConfig(fail_first=2, failure="502"))
+async def flaky_crawl(server, fail_first=2, failure="502", base=0.2, **extra):
+    host = server.add_host(HostConfig(fail_first=fail_first, failure=failure))
     server.start()
     started = time.monotonic()
-    settings = {**ADDON, "RETRY_AFTER_BACKOFF_BASE": 0.2, "CLOSESPIDER_TIMEOUT": LIMIT, **extra}
+    settings = {**ADDON, "RETRY_AFTER_BACKOFF_BASE": base, "CLOSESPIDER_TIMEOUT": LIMIT, **extra}
     crawler = await crawl([Request(host.url(f"/{i}")) for i in range(PAGES)], settings)
     took = time.monotonic() - started
     ok = {url for url, status in crawler.spider.seen if status == 200}
@@ -45,8 +47,9 @@ async def test_without_host_pauses_every_flaky_url_is_fetched_quickly(server):
 
 
 @pytest.mark.xfail(strict=True, reason="per-URL failures pause the host and fresh probes keep it paused (open)")
+@pytest.mark.parametrize(("fail_first", "failure", "base"), [(2, "502", 0.2), (1, "504", 1.0)], ids=["twice-502", "cold-cache-504"])
 @pytest_twisted.ensureDeferred
-async def test_urls_that_fail_twice_each_are_fetched_under_the_default_threshold(server):
-    ok, took = await flaky_crawl(server)
+async def test_urls_that_fail_first_each_are_fetched_under_the_default_threshold(server, fail_first, failure, base):
+    ok, took = await flaky_crawl(server, fail_first, failure, base)
     assert len(ok) == PAGES
     assert took < LIMIT / 2
