@@ -128,15 +128,13 @@ class HostPauses:
         Paused already: a request sent during the pause was its probe (or slipped
         out with it), so the next probe waits a longer interval from now. One sent
         before the pause is part of the event that started it, but the host saw it
-        too: the interval grows one step with it (once for the whole burst) and the
-        next probe never comes sooner.
+        too: the interval grows with it and the next probe never comes sooner, so
+        the host sees about one request per interval, a burst in flight included.
         """
         pause = self._pauses.get(slot)
         if pause is not None:
             if sent_at < pause.since:
-                # One step for the whole burst in flight: one per request made a blip answered
-                # by 16 requests at once wait 30-60 s for its first probe.
-                pause.probes = max(pause.probes, 2)
+                pause.probes += 1
                 pause.next_probe = max(pause.next_probe, now + probe_interval(pause.probes, backoff, rng))
                 return PauseEvent(started=False, free=True, wait=max(0.0, pause.next_probe - now))
             # The probe's failure is its own attempt: it spends a retry, so a host that never

@@ -110,18 +110,6 @@ def test_failures_of_requests_sent_before_the_pause_grow_the_interval_but_never_
     assert pauses.ready_at("h", 10.01) == pytest.approx(10.01 + 2.0)
 
 
-@pytest.mark.parametrize("in_flight", [1, 8, 32])
-def test_a_burst_in_flight_when_the_pause_began_grows_the_first_interval_one_step(in_flight):
-    # Each in-flight failure grew it a step before: 16 at once put the first probe 30-60 s out.
-    pauses = HostPauses()
-    backoff = Backoff("full", 1.0, 60.0)
-    for _ in range(3):
-        fail(pauses, now=10.0, sent_at=9.9)
-    for _ in range(in_flight):
-        pauses.failed("h", "502", 10.01, 9.95, 3, backoff, Top())
-    assert pauses.ready_at("h", 10.01) == pytest.approx(10.01 + 2.0)
-
-
 def test_an_answer_ends_the_pause_and_says_how_long_it_lasted():
     pauses = HostPauses()
     for _ in range(3):
