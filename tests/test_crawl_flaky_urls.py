@@ -8,9 +8,9 @@ the pause never ends and the probe interval grows to RETRY_AFTER_BACKOFF_MAX.
 (arrivals at 0.8, 7.3, 21.1, 43.0, 74.3, 132.3, 180.7 s), against every URL
 in a few seconds with RETRY_AFTER_HOST_DOWN_THRESHOLD=100. A cold cache
 (a CDN's 504 on each page's first request, then the page, default backoff
-base) is the same: 40 URLs, 0 fetched in 30 s; with the first probe interval
-no longer grown per request in flight, 10 URLs are fetched in 10 s in some
-runs and none in 20 s in others. Open.
+base) is the same: 40 URLs, 0 fetched in 30 s. Open: the probe should be
+the request that failed most often, or a host called down only once the
+same URLs fail again.
 """
 
 from __future__ import annotations
