@@ -46,8 +46,9 @@ class CooldownBoard(SlotPaces):
     SlotTable's (slottable.py).
     """
 
-    hold_refused = True
-    """Hold a refused slot's requests for its sweep (refusals.py); off where they cannot be parked."""
+    hold_refused = False
+    """Hold a refused slot's requests for its sweep (refusals.py): set by the extension where
+    they can be parked; otherwise a refused slot's requests reach the middleware, which gives them up."""
 
     def __init__(
         self,

@@ -137,7 +137,9 @@ class HostMemory:
         if not mine:
             return 0
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            missing = [d for d in (self.path.parent, *self.path.parent.parents) if not os.path.lexists(d)]
+            for directory in reversed(missing):  # each 0700, as the park file's (mkdir(parents=True) follows the umask)
+                directory.mkdir(mode=0o700, exist_ok=True)
         except OSError as error:
             raise HostMemoryError(f"cannot create the directory of {self.path}: {error.strerror or error}") from None
         with self._locked():

@@ -214,7 +214,8 @@ def test_never_cools_past_the_cap(crawl, responses):
     slot, _ = crawl.exchange(responses)
     cap = crawl.policy.max_delay * crawl.policy.pad
     assert crawl.board.remaining(slot) <= cap
-    assert crawl.board.ready_at(slot) - crawl.board.clock() <= cap + crawl.policy.wake_jitter + 1e-6
+    if not crawl.board.refused(slot):  # a refused slot is held for its sweep to the park file, not cooled
+        assert crawl.board.ready_at(slot) - crawl.board.clock() <= cap + crawl.policy.wake_jitter + 1e-6
     assert crawl.board.refused(slot) <= WEEK
 
 
@@ -326,7 +327,8 @@ def test_a_counted_demand_never_raises_nor_passes_the_cap(counted, responses):
     assert not failures, f"{slot}: {failures!r}"
     cap = counted.policy.max_delay * counted.policy.pad
     assert counted.board.remaining(slot) <= cap
-    assert counted.board.ready_at(slot) - counted.board.clock() <= cap + counted.policy.wake_jitter + 1e-6
+    if not counted.board.refused(slot):  # a refused slot is held for its sweep to the park file, not cooled
+        assert counted.board.ready_at(slot) - counted.board.clock() <= cap + counted.policy.wake_jitter + 1e-6
     assert counted.board.refused(slot) <= WEEK
     rate = counted.board.rate(slot)
     assert rate is None or 1 / rate <= counted.policy.max_delay

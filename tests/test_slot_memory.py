@@ -100,7 +100,7 @@ def test_a_sweep_leaves_only_live_slots_and_a_second_broad_pass_costs_no_more_me
         throttled = {f"host{i}.test" for i in range(0, SLOTS, THROTTLED_EVERY)}
         assert extension.board.kept_slots() == live
         assert set(extension.tally.responses) <= live | throttled
-        assert not middleware._holding
+        assert not middleware.room._holding
 
         _pass(crawler, clock, middleware, retry, SLOTS)
         extension.sweep()
