@@ -83,8 +83,10 @@ async def test_redis_killed_mid_crawl_and_restarted_every_process_finishes_every
     await running
     fetched_everything(members)
     for member in members:
-        assert member.log.count("unreachable") == 1, member.log[-3000:]
-        assert member.log.count("is back: re-published") == 1, member.log[-3000:]
+        # One loss for the kill; under load a reply slower than the short timeout is a loss of its own
+        # (seen in CI: "Timeout reading from socket", back at once). Every loss is one line, and so is its end.
+        lost, back = member.log.count("unreachable"), member.log.count("is back: re-published")
+        assert 1 <= lost <= 3 and back == lost, (lost, back, member.log[-3000:])
         assert member.stats["retry_after/redis/lost"] == 1
         assert member.stats["retry_after/redis/reconnected"] == 1
 
