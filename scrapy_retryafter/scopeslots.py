@@ -71,8 +71,9 @@ class ScopeSlots:
     def slot_of(self, request: Request) -> str:
         meta = request.meta
         given = meta.get("download_slot")
-        mark = meta.get(SCOPE_SLOT)
-        ours = isinstance(mark, list) and len(mark) == 3 and given == mark[0]
+        kept = meta.get(SCOPE_SLOT)
+        mark: list[Any] = kept if isinstance(kept, list) and len(kept) == 3 else [None, None, None]
+        ours = given is not None and given == mark[0]
         if given is not None and not ours:
             return str(given)  # the user's, or the downloader's own write for an unscoped request
         if not ours and not self.active and "throttling_scopes" not in meta:
