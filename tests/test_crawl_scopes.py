@@ -123,7 +123,9 @@ async def test_search_is_throttled_on_its_own_while_the_rest_of_the_host_runs(sc
     search, rest = srv.arrivals(host, path="/search"), srv.arrivals(host, path="/items")
     assert sum(a.status == 429 for a in search) >= 1  # /search was throttled
     assert steady_rate(search, 0.0) <= 1.1
-    assert steady_rate(rest, 4.0) >= 0.65 * 20, steady_rate(rest, 4.0)
+    # 15-17/s here on Scrapy 2.19; on 2.13 under load the rest of a host alone (no /search) also gets 10-11/s.
+    # The slot scope gets 6-8/s: /search's cooldowns stop it.
+    assert steady_rate(rest, 4.0) >= 0.45 * 20, steady_rate(rest, 4.0)
     assert served_while_cooling(search, rest) >= 0.75
     assert crawler.stats.get_value("retry_after/scopes/requests/path") == 10
 
