@@ -6,7 +6,7 @@ matching scope each runs at its own limit. The bounds here are loose (the
 learned pace settles near 0.85 of an untold limit, on a loaded machine less);
 what separates scoped from slot-scoped here is isolation, read in the server's
 log: the other keys keep getting pages while one key cools down.
-``python -m bench.scopes`` measures the rates of both.
+``python -m bench.scopes --scoped`` (and without ``--scoped``) measures the rates of both.
 """
 
 from __future__ import annotations
