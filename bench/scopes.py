@@ -1,6 +1,6 @@
 """Servers that limit by more than the host, crawled with the add-on: each group's rate against its own limit.
 
-    python bench/scopes.py [--parts keys,paths,proxies] [--settings '{"RETRY_AFTER_SCOPES": ["proxy"]}']
+    python -m bench.scopes [--parts keys,paths,proxies] [--scoped] [--settings '{"RETRY_AFTER_...": ...}']
 
 The scoped server (scrapy_retryafter/testing/scoped_server.py) limits:
 
@@ -8,10 +8,11 @@ The scoped server (scrapy_retryafter/testing/scoped_server.py) limits:
 - paths: /search at 1 request/s (10 pages), the rest of the host at 20/s (200 pages);
 - proxies: two loopback proxies to one host that limits each client address to 5/s (50 pages each).
 
-Each row: pages fetched, 429s, and the group's rate (200s per second from the
-crawl's start to the group's last page) as a share of its limit. ``--settings``
-adds settings to the add-on's (for example the scopes, once wired in), so the
-same script measures before and after.
+Each row: pages fetched, 429s, and the group's rate as a share of its limit:
+from the crawl's start to the group's last page, and steady (from 2 s after
+the group's first page, past the slow start). ``--scoped`` gives each part
+its scope (``header:X-Api-Key``, ``{"path": ["/search"]}``, ``proxy``);
+without it the slot scope. ``--settings`` adds settings to the add-on's.
 """
 
 from __future__ import annotations
@@ -57,11 +58,16 @@ def crawl(requests: list[Request], settings: dict[str, Any]) -> Any:
     return crawler
 
 
-def row(server: ScopedServer, name: str, limit: float, start: float, **where: Any) -> tuple[str, int, int, float]:
+SCOPES = {"keys": ["header:X-Api-Key"], "paths": [{"path": ["/search"]}], "proxies": ["proxy"]}
+
+
+def row(server: ScopedServer, name: str, limit: float, start: float, **where: Any) -> tuple[str, int, int, float, float]:
     ok = [a for a in server.arrivals(**where) if a.status == 200]
     refused = len(server.arrivals(status=429, **where))
     span = max(a.t for a in ok) - start if ok else float("inf")
-    return name, len(ok), refused, (len(ok) / span) / limit if ok else 0.0
+    later = [a.t for a in ok if a.t >= ok[0].t + 2.0]
+    steady = (len(later) - 1) / (later[-1] - later[0]) / limit if len(later) > 1 else 0.0
+    return name, len(ok), refused, (len(ok) / span) / limit if ok else 0.0, steady
 
 
 @defer.inlineCallbacks
@@ -113,19 +119,22 @@ PARTS = {"keys": keys_part, "paths": paths_part, "proxies": proxies_part}
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default=",".join(PARTS))
+    parser.add_argument("--scoped", action="store_true", help="each part with its own RETRY_AFTER_SCOPES")
     parser.add_argument("--settings", default="{}", help="JSON settings added to the add-on's")
     args = parser.parse_args()
     settings = json.loads(args.settings)
 
     @defer.inlineCallbacks
     def everything() -> Any:
-        print(f"settings: {json.dumps(settings) if settings else 'the add-on as is (slot scope)'}")
-        print("| group | pages | 429s | rate / its limit |")
-        print("|---|---|---|---|")
+        print(f"settings: {json.dumps(settings) if settings else 'the add-on as is'}; "
+              f"{'each part its scope' if args.scoped else 'slot scope'}")
+        print("| group | pages | 429s | rate / its limit | steady / its limit |")
+        print("|---|---|---|---|---|")
         for part in args.parts.split(","):
-            rows = yield PARTS[part](settings)
-            for name, pages, refused, share in rows:
-                print(f"| {name} | {pages} | {refused} | {share:.2f} |", flush=True)
+            scoped = {"RETRY_AFTER_SCOPES": SCOPES[part]} if args.scoped else {}
+            rows = yield PARTS[part]({**scoped, **settings})
+            for name, pages, refused, share, steady in rows:
+                print(f"| {name} | {pages} | {refused} | {share:.2f} | {steady:.2f} |", flush=True)
 
     run_until_done(everything)
 

@@ -27,6 +27,7 @@ from .jobstate import STATE_FILE, load_board, save_board
 from .parking import Parking
 from .refusals import Refusals
 from .retry_reporting import check_give_up_log_level
+from .scopeslots import ScopeSlots
 from .settings import Config, load_config
 from .settingsguard import warn_unknown_settings, warn_unused_slot_keys
 from .tally import SlotTally
@@ -98,6 +99,12 @@ class RetryAfterExtension:
         """The board again, when it is shared by a fleet: what only a fleet board does."""
         self.board = self._make_board(config, clock)
         self.tally = SlotTally()
+        self.scopes = ScopeSlots(
+            config.scopes, lambda request: scrapy_compat.slot_key(crawler, request),
+            frozenset(config.slots) | frozenset(crawler.settings.getdict("DOWNLOAD_SLOTS")),
+            lambda: scrapy_compat.per_slot_settings(crawler), self.stats, config.scope_bases,
+        )
+        """A scoped request's download slot is its scope (scopeslots.py)."""
         self.codes = config.all_codes
         """Every status some slot treats as a throttle (a cheap first filter)."""
         self._timer: Any = None
@@ -162,13 +169,11 @@ class RetryAfterExtension:
         return board
 
     def slot_of(self, request: Request) -> str:
-        """The request's download slot: the downloader writes the key into meta once, and reads it there first too.
+        """The request's download slot: its scope when RETRY_AFTER_SCOPES gives it one, written into
+        ``download_slot`` meta so the downloader keys it so too; a user's own ``download_slot`` wins.
 
         Outside a crawl (no engine: a middleware called by hand) the host, as the downloader would key it."""
-        key = request.meta.get("download_slot")
-        if key is not None:
-            return key
-        return scrapy_compat.slot_key(self.crawler, request)
+        return self.scopes.slot_of(request)
 
     def held(self, slot: str) -> int:
         return sum(count(slot) for count in self.held_counters)
@@ -275,7 +280,7 @@ class RetryAfterExtension:
             logger.info("Resumed the cooldown, breaker and pace of %d slot(s) from JOBDIR %s", restored, jobdir)
 
     def _spider_closed(self, **kwargs: Any) -> None:
-        warn_unused_slot_keys(self.config, self.tally.responses)
+        warn_unused_slot_keys(self.config, [*self.tally.responses, *self.config.scope_bases.values()])
         if self.jobdir and self.config.enabled:
             save_board(self.board, self.jobdir)
         if self._sweeper is not None and self._sweeper.running:

@@ -81,8 +81,7 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         self._extension.queues.append(self)
         self._board = self._extension.board
         self._downloader_slots = downloader_slots(crawler)
-        assert crawler.engine is not None
-        self._slot_key = crawler.engine.downloader.get_slot_key
+        self._slot_key = self._extension.slot_of  # the scope, when the request has one
         self._spares: dict[str, Any] = {}
         """Slot -> its emptied queue (memory queues only). A slot whose requests come one at a
         time empties at every pop; building its queue anew per request costs more than the pop."""

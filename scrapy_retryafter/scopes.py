@@ -50,6 +50,7 @@ __all__ = [
     "ScopeConfig",
     "ScopeRule",
     "ScopeSettingError",
+    "check_one_scope",
     "facts_of",
     "load_scope_config",
     "parse_scopes",
@@ -159,8 +160,6 @@ def _scope_ids(value: Any, where: str) -> list[str]:
     if not all(isinstance(scope, str) and scope for scope in ids):
         raise TypeError(f"{where} gave {value!r}; scope ids must be non-empty strings")
     return ids
-
-
 
 
 @dataclass(frozen=True)
@@ -338,6 +337,26 @@ def load_scope_config(get: Callable[[str], Any]) -> ScopeConfig:
                 where = f"RETRY_AFTER_SLOTS[{slot!r}]['scopes']"
                 slots[str(slot)] = parse_scopes(overrides["scopes"], where)
     return ScopeConfig(default=default, slots=slots)
+
+
+def check_one_scope(config: ScopeConfig) -> None:
+    """Fail at start where a request could get two scopes: this release throttles one per request."""
+    for where, rules in (("RETRY_AFTER_SCOPES", config.default), *(
+        (f"RETRY_AFTER_SLOTS[{slot!r}]['scopes']", rules) for slot, rules in sorted(config.slots.items())
+    )):
+        if len(rules) > 1:
+            raise ScopeSettingError(
+                f"{where} lists {len(rules)} scopes ({', '.join(_name(rule) for rule in rules)}); this release "
+                "keys a request by one scope, so a request that belongs to several would not wait for each: "
+                "list one scope (one 'path' entry takes the prefixes of several hosts: "
+                "{'path': {'api.example.com': ['/search', '/export']}})"
+            )
+
+
+def _name(rule: ScopeRule) -> str:
+    if rule.kind in ("header", "meta"):
+        return f"{rule.kind}:{rule.header}"
+    return rule.name or rule.kind
 
 
 SCOPES_META = "retry_after_scopes"

@@ -104,6 +104,12 @@ def slot_key(crawler: Crawler | None, request: Request) -> str:
     return urlparse_cached(request).hostname or ""
 
 
+def per_slot_settings(crawler: Crawler | None) -> dict[str, Any] | None:
+    """``engine.downloader.per_slot_settings`` (2.13-2.19): DOWNLOAD_SLOTS as the downloader reads it."""
+    settings = getattr(getattr(engine_of(crawler), "downloader", None), "per_slot_settings", None)
+    return settings if isinstance(settings, dict) else None
+
+
 def downloader_slots(crawler: Crawler) -> dict[str, Any]:
     """``engine.downloader.slots`` (2.13-2.19): download slot key -> scrapy.core.downloader.Slot."""
     engine = engine_of(crawler)

@@ -12,7 +12,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .backoff import STRATEGIES
@@ -20,7 +20,7 @@ from .banrules import BanRuleSettingError, load_ban_rules
 from .floors import CrawlDelaySettingError, load_crawl_delay_settings
 from .policy import SlotPolicy
 from .redisconfig import REDIS_FIELDS, RedisConfig, load_redis_config
-from .scopes import load_scope_config
+from .scopes import ScopeConfig, check_one_scope, load_scope_config
 from .settingvalues import (
     HTTP_METHODS,
     Check,
@@ -127,8 +127,17 @@ class Config:
     host_state_file: str | None = None
     """RETRY_AFTER_HOST_STATE_FILE; None: ``retry_after.hosts.json`` beside the park file."""
 
+    scopes: ScopeConfig = field(default_factory=ScopeConfig)
+    """RETRY_AFTER_SCOPES and the slots' ``scopes``."""
+    scope_bases: dict[str, str] = field(default_factory=dict, compare=False)
+    """Scope slot -> the slot whose RETRY_AFTER_SLOTS entry it follows (filled as requests get scopes)."""
+
     def policy_for(self, slot: str) -> SlotPolicy:
-        return self.slots.get(slot, self.default)
+        policy = self.slots.get(slot)
+        if policy is not None:
+            return policy
+        base = self.scope_bases.get(slot) if self.scope_bases else None
+        return self.default if base is None else self.slots.get(base, self.default)
 
     @property
     def all_codes(self) -> frozenset[int]:
@@ -173,6 +182,9 @@ def _slots(raw: Any) -> dict[str, Mapping[str, Any]]:
     return {key: dict(value) for key, value in raw.items()}
 
 
+_NOT_POLICY_KEYS = frozenset({"ignore_robots_txt", "scopes"})
+"""RETRY_AFTER_SLOTS keys read by other modules than the policy's (floors.py, scopes.py)."""
+
 _MEMORY_AGE: Check = (
     number, lambda v: 60 <= v <= 10 * 365 * 86400, "a number of seconds >= 60 and <= 315360000 (ten years)"
 )
@@ -192,8 +204,9 @@ _OTHER_SETTINGS = (
     "RETRY_AFTER_ROBOTSTXT_MAX_DELAY",
     "RETRY_AFTER_BAN_RULES",
     "RETRY_AFTER_BAN_BODY_BYTES",
+    "RETRY_AFTER_SCOPES",
 )
-NOT_YET_READ = ("RETRY_AFTER_SCOPES",)
+NOT_YET_READ: tuple[str, ...] = ()
 """Settings whose parsers ship (scopes.py) but that no crawl reads yet: set,
 they get a WARNING saying so rather than the closest-name hint."""
 KNOWN_SETTINGS: frozenset[str] = (
@@ -243,12 +256,12 @@ def _load_config(settings: Mapping[str, Any] | Any) -> Config:
     known = {f.name for f in fields(SlotPolicy)}
     slots: dict[str, SlotPolicy] = {}
     for slot, overrides in _slots(get("RETRY_AFTER_SLOTS")).items():
-        overrides = {key: value for key, value in overrides.items() if key != "ignore_robots_txt"}
+        overrides = {key: value for key, value in overrides.items() if key not in _NOT_POLICY_KEYS}
         unknown = sorted(set(overrides) - known, key=repr)
         if unknown:
             raise RetryAfterSettingError(
                 f"RETRY_AFTER_SLOTS[{slot!r}] has unknown key(s) {', '.join(map(repr, unknown))}; "
-                f"accepted keys: {', '.join(sorted(known | {'ignore_robots_txt'}))}"
+                f"accepted keys: {', '.join(sorted(known | _NOT_POLICY_KEYS))}"
             )
         slots[slot] = _policy(default, overrides, functools.partial(_slot_key_name, slot))
     parking = _bool("RETRY_AFTER_PARKING", True if get("RETRY_AFTER_PARKING") is None else get("RETRY_AFTER_PARKING"))
@@ -261,7 +274,8 @@ def _load_config(settings: Mapping[str, Any] | Any) -> Config:
     raw_state = get("RETRY_AFTER_HOST_STATE")
     host_state = True if raw_state is None else _bool("RETRY_AFTER_HOST_STATE", raw_state)
     try:
-        load_scope_config(get)  # checked at start, though no crawl applies scopes yet
+        scopes = load_scope_config(get)
+        check_one_scope(scopes)
     except ValueError as error:
         raise RetryAfterSettingError(str(error)) from None
     return Config(
@@ -269,6 +283,7 @@ def _load_config(settings: Mapping[str, Any] | Any) -> Config:
         park_file=_park_file(get("RETRY_AFTER_PARK_FILE")), logstats_interval=interval,
         all_retries=all_retries, redis=load_redis_config(get, memory_age), memory_age=memory_age,
         host_state=host_state, host_state_file=_park_file(get("RETRY_AFTER_HOST_STATE_FILE"), "RETRY_AFTER_HOST_STATE_FILE"),
+        scopes=scopes,
     )
 
 

@@ -250,7 +250,7 @@ class CooldownAwareRedisQueue:
         return request_from_dict(self.serializer.loads(data), spider=self.spider)
 
     def push(self, request: Request) -> None:
-        slot = scrapy_compat.slot_key(self._crawler, request)
+        slot = self._extension.slot_of(request) if self._extension is not None else scrapy_compat.slot_key(self._crawler, request)
         not_before = 0.0
         if NOT_BEFORE in request.meta:
             try:

@@ -7,8 +7,9 @@ host here has any of:
 
 - ``limit``: a token bucket for the host's requests that no ``paths`` rule takes;
 - ``paths``: a bucket per path prefix (``/search`` at 1 r/s beside the rest at 20 r/s);
-- ``key_header`` + ``key_limit``: a bucket per value of a header (an API key);
-- ``client_limit``: a bucket per client address (so per proxy exit);
+- ``key_header`` + ``key_limit``: a bucket per value of a header (an API key),
+  ``key_limits`` for a key with its own;
+- ``client_limit``: a bucket per client address (so per proxy exit), ``client_limits`` likewise;
 - ``captcha``: a 200 CAPTCHA page to every request until a wait has passed;
 - ``robots_txt``: served at /robots.txt, never limited.
 
@@ -89,7 +90,11 @@ class ScopedHostConfig:
     ``/search``, ``/search?q=1`` and ``/search/x``, not ``/searchable``."""
     key_header: str | None = None
     key_limit: Limit | None = None
+    key_limits: dict[str, Limit] = field(default_factory=dict)
+    """A header value -> its own limit instead of ``key_limit`` (a key on a smaller plan)."""
     client_limit: Limit | None = None
+    client_limits: dict[str, Limit] = field(default_factory=dict)
+    """A client address -> its own limit instead of ``client_limit``."""
     captcha: Captcha | None = None
     robots_txt: str | None = None
     latency: float = 0.0
@@ -185,11 +190,14 @@ class ScopedHost:
             applying.append(by_path)
         elif self._host is not None:
             applying.append(("host", self._host))
-        if config.key_header and config.key_limit:
+        if config.key_header and (config.key_limit or config.key_limits):
             key = headers.get(config.key_header.lower(), "")
-            applying.append(("key", self._bucket(self._keys, key, config.key_limit, now)))
-        if config.client_limit:
-            applying.append(("client", self._bucket(self._clients, client, config.client_limit, now)))
+            limit = config.key_limits.get(key, config.key_limit)
+            if limit is not None:
+                applying.append(("key", self._bucket(self._keys, key, limit, now)))
+        limit = config.client_limits.get(client, config.client_limit)
+        if limit is not None:
+            applying.append(("client", self._bucket(self._clients, client, limit, now)))
         waits = [(name, bucket, bucket.wait(now)) for name, bucket in applying]
         refused = [(name, bucket, wait) for name, bucket, wait in waits if wait > 0]
         if refused:
