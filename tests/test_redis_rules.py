@@ -311,6 +311,73 @@ def test_a_grant_is_late_by_the_fleet_s_pace_not_this_process_s_own(fleet, clock
     assert late == [SLOT]
 
 
+def sends_of_a_woken_slot(board: RedisBoard, exchange: FakeExchange, clock: Clock, pace: float,
+                          lateness: Any, wakes: int = 200) -> int:
+    """Drive one paced slot as the queue does when nothing is in flight: ask, and if held, wake
+    ``lateness(n)`` seconds after the time it was held for (the wake's 1 ms pad, the loop's delay).
+    The fleet grants a horizon of times at ``pace`` whenever this process has none left."""
+    sent = 0
+    for n in range(wakes):
+        if not board.leases.times(SLOT):
+            offsets = [0.1 + k / pace for k in range(max(1, round(pace * board.leases.horizon)))]
+            exchange_once(board, exchange, reply_of(grants={SLOT: offsets}, paces={SLOT: pace}))
+        when = board.ready_at(SLOT, held=31)
+        if when <= clock.now:
+            board.released(SLOT)
+            sent += 1
+        else:
+            clock.now = when + lateness(n)
+    return sent
+
+
+def test_a_slot_woken_a_little_late_for_every_grant_still_sends(fleet, clock):
+    """The fleet stall seen in CI: a member paced at 55 requests/s by the fleet, 31 requests held,
+    nothing in flight, sent nothing for minutes. Its queue's wake comes at least 1 ms after the
+    granted time (the timer's pad), and the late margin at 55/s is (1 - MARGIN) / 55 = 0.9 ms:
+    every grant was judged late and skipped, so the slot never sent and its pace never moved."""
+    board, exchange, _ = fleet
+    late: list[str] = []
+    board.on_late_lease = late.append
+    paced_past_the_fleet(board, exchange, own=55.0, fleet=55.0)
+    clock.now += 0.1
+    sent = sends_of_a_woken_slot(board, exchange, clock, 55.0, lambda n: 0.0013)
+    # Each grant takes two asks (held, then sent): a steady lateness is every process's, so sent, not skipped.
+    assert sent >= 95, (sent, len(late))
+
+
+@given(st.lists(st.floats(0.0, 0.05), min_size=1, max_size=40), st.sampled_from([2.0, 10.0, 55.0, 300.0]))
+def test_a_slot_never_skips_two_due_times_in_a_row_however_late_its_loop(lateness, pace):
+    clock = Clock()
+    exchange = FakeExchange(clock)
+    board = RedisBoard(RedisConfig(url="redis://127.0.0.1:1/0", params={}), clock=clock, rng=Fixed(),  # type: ignore[arg-type]
+                       exchange=exchange)
+    paced_past_the_fleet(board, exchange, own=pace, fleet=pace)
+    clock.now += 0.1
+    wakes = 6 * len(lateness)
+    sent = sends_of_a_woken_slot(board, exchange, clock, pace, lambda n: lateness[n % len(lateness)], wakes)
+    assert sent >= wakes // 3 - 1, (sent, wakes)  # at worst each send takes three asks: held, skipped, sent
+
+
+def test_a_grant_far_later_than_the_usual_lateness_is_still_skipped(fleet, clock):
+    board, exchange, _ = fleet
+    late: list[str] = []
+    board.on_late_lease = late.append
+    paced_past_the_fleet(board, exchange, own=10.0, fleet=10.0)
+    clock.now += 0.1
+    assert sends_of_a_woken_slot(board, exchange, clock, 10.0, lambda n: 0.002, wakes=40) >= 18
+    assert late == []
+    usual = board.leases.usual_late
+    assert 0.0015 < usual < 0.0025
+    if board.ready_at(SLOT) <= clock.now:
+        board.released(SLOT)
+    exchange_once(board, exchange, reply_of(grants={SLOT: [0.1, 0.2, 0.3]}, paces={SLOT: 10.0}))
+    when = board.ready_at(SLOT)
+    assert when > clock.now
+    clock.now = when + usual + 2 * (1 - MARGIN) / 10.0  # a stall beyond the loop's usual lateness
+    assert board.ready_at(SLOT) > clock.now
+    assert late == [SLOT]
+
+
 def test_a_throttle_cuts_from_the_pace_the_fleet_sent_at(fleet, clock):
     board, exchange, _ = fleet
     paced_past_the_fleet(board, exchange, own=50.0, fleet=10.0)
