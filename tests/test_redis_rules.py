@@ -220,6 +220,7 @@ def test_a_growth_read_while_the_slot_cools_does_not_undo_the_cut(fleet, clock):
     """Another process grew the pace before it heard of this process's cut: stale, not the fleet's pace."""
     board, exchange, _ = fleet
     board.throttled(SLOT, clock.now)
+    clock.now += 1.0  # past the first burst: the fleet's cut is adopted, not one more first guess
     exchange_once(board, exchange, reply_of(rates=[(SLOT, 8.0, True, "other")]))
     board.cool(SLOT, 2.5)
     cut = board.rate(SLOT)
@@ -247,11 +248,33 @@ def test_the_fleet_s_first_cut_heard_live_slow_starts_here_as_in_the_process_tha
     assert board._slots["met.example"].pace.starting is False
 
 
+def test_cuts_of_the_fleet_s_first_burst_elsewhere_keep_slow_start_going_here(fleet, clock):
+    """The fleet's first burst (a first contact's sends) is refused in several processes at once:
+    each cut is a first guess from an unpaced burst. Adopted as a cut, the second one ended slow
+    start, and the fleet crawled at 2 requests/s for 30 s against a limit of 10 (bench.fleet)."""
+    board, exchange, _ = fleet
+    own = board.throttled(SLOT, clock.now)  # this process's own first 429
+    assert own is not None
+    clock.now += 0.03
+    exchange_once(board, exchange, reply_of(rates=[(SLOT, own / 2, True, "other")]))
+    pace = board._slots[SLOT].pace
+    assert pace.starting and board.rate(SLOT) == pytest.approx(max(pace.min_rate, own / 2))
+    # Heard from the fleet alone, twice (two other processes were refused).
+    board.cool("b.example", 0.5)
+    exchange_once(board, exchange, reply_of(rates=[("b.example", 2.0, True, "one"), ("b.example", 1.5, True, "two")]))
+    assert board._slots["b.example"].pace.starting and board.rate("b.example") == pytest.approx(1.5)
+    # A cut read well after the first burst is a pace slow start reached elsewhere: adopted.
+    clock.now += 1.0
+    exchange_once(board, exchange, reply_of(rates=[(SLOT, 3.0, True, "other")]))
+    assert not pace.starting
+
+
 def test_the_fleet_s_growth_holds_the_pace_here_until_the_next_cut(fleet, clock):
     """This process sees a share of the successes: its own curve lags the fleet's, and the fleet is
     paced at its senders' slowest, so one lagging process would hold the whole fleet back."""
     board, exchange, _ = fleet
     board.throttled(SLOT, clock.now)
+    clock.now += 1.0  # past the first burst
     exchange_once(board, exchange, reply_of(rates=[(SLOT, 2.0, True, "other")]))
     clock.now += 1.0
     exchange_once(board, exchange, reply_of(rates=[(SLOT, 6.0, False, "other")]))

@@ -32,6 +32,8 @@ _SAME = 0.05
 REFUSE_AT_MOST = 7 * 86400.0
 PROBE_WAIT = 180.0
 """How long a half-open circuit waits for its probe (Breaker.released): a remote hold may last that long."""
+FIRST_BURST = 0.5
+"""Seconds after this process's first cut in which a cut from the fleet answers the same first burst."""
 MET_MEMORY = 100_000
 """Slots met remembered, so each is asked about once (unless forgotten since)."""
 _DEFAULT_POLICY = SlotPolicy()
@@ -252,13 +254,20 @@ class FleetFacts(CooldownBoard):
             if rate <= pace.rate:
                 return  # the fleet grows the one pace: a slower sender's is not a step back here
             self._grown[slot] = rate
-        if cut and not (fresh and live):
+        # Both this process and another were refused by the fleet's first burst (one event): their
+        # cuts are two first guesses, not a pace slow start reached, so slow start goes on here.
+        same_start = live and not fresh and pace.starting and now - pace.last_cut < FIRST_BURST
+        if cut and not (fresh and live) and not same_start:
             pace.adopted(rate, now)
+        elif cut and same_start:
+            pace.rate = max(pace.min_rate, min(rate, pace.rate))
         else:
             # The fleet's first cut, heard as it happens: slow start from it, as the process that
             # cut does after its first throttle (a cubic from that first guess would hold the fleet,
             # paced at its senders' slowest, near it for tens of seconds). Growth is taken as is.
             pace.rate = max(pace.min_rate, rate)
+            if cut:
+                pace.last_cut = now  # the first burst's other cuts, and refusals of it here, are this event
         self._published[slot] = pace.rate
         state.last_seen = now
 
