@@ -15,6 +15,7 @@ from scrapy_retryafter.policy import SlotPolicy
 from scrapy_retryafter.rate import MARGIN
 from scrapy_retryafter.redis.board import RedisBoard
 from scrapy_retryafter.redis.exchange import Answer, Job, Reply, read_reply
+from scrapy_retryafter.redis.leases import ServerClock
 from scrapy_retryafter.redisconfig import RedisConfig
 
 SLOT = "shop.example"
@@ -399,6 +400,32 @@ def test_a_grant_far_later_than_the_usual_lateness_is_still_skipped(fleet, clock
     clock.now = when + usual + 2 * (1 - MARGIN) / 10.0  # a stall beyond the loop's usual lateness
     assert board.ready_at(SLOT) > clock.now
     assert late == [SLOT]
+
+
+def test_grants_are_placed_by_the_redis_clock_not_by_when_each_reply_came_back(fleet, clock):
+    """Two exchanges whose replies came back 1 ms and 21 ms after Redis answered: read as "after the
+    reply", their grants, one fleet interval apart on Redis, would be 20 ms off here."""
+    board, exchange, _ = fleet
+    board.throttled(SLOT, clock.now)
+    exchange_once(board, exchange)
+    board.ready_at(SLOT, held=10)
+    fast = reply_of(server_now=5000.0, grants={SLOT: [0.1]})
+    board.merge(fast, sent=clock.now - 0.001, got=clock.now + 0.001)
+    first = board.leases.times(SLOT)[-1]
+    slow = reply_of(server_now=5001.0, grants={SLOT: [0.1]})  # one second later on Redis
+    board.merge(slow, sent=clock.now + 0.999, got=clock.now + 1.021)
+    assert board.leases.times(SLOT)[-1] - first == pytest.approx(1.0, abs=0.001)
+
+
+@given(st.lists(st.tuples(st.floats(-1e9, 1e9), st.floats(0.0, 5.0), st.floats(0.0, 5.0)), min_size=1, max_size=20))
+def test_a_server_time_is_always_placed_within_its_exchange_s_round_trip(exchanges):
+    server_clock = ServerClock()
+    now = 1000.0
+    for server, out, back in exchanges:
+        local = server_clock.local(server, now, now + out + back)
+        assert now <= local <= now + out + back
+        now += out + back + 0.1
+    assert server_clock.local(math.nan, now, now + 1.0) == now + 1.0
 
 
 def test_a_throttle_cuts_from_the_pace_the_fleet_sent_at(fleet, clock):

@@ -23,7 +23,7 @@ from ..policy import SlotPolicy
 from ..rate import RateController
 from .contact import FirstContact
 from .exchange import Reply, Writes
-from .leases import Leases
+from .leases import Leases, ServerClock
 
 __all__ = ["FleetFacts"]
 
@@ -57,6 +57,7 @@ class FleetFacts(CooldownBoard):
         """The slot's local rules: what the fleet says is bounded by them (cap, circuit time, wake spread)."""
         self.process_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.leases = Leases(refresh)
+        self.server_clock = ServerClock()
         self.grant_wait = grant_wait
         """How long a paced slot waits for a grant the fleet owes it before sending on its own
         (by then an exchange that does not answer has made the board lost)."""
@@ -163,8 +164,9 @@ class FleetFacts(CooldownBoard):
         for slot, pace in reply.paces.items():
             if slot in self._slots:
                 self.leases.paced(slot, pace)
+        replied = self.server_clock.local(reply.server_now, sent, got)
         for slot, offsets in reply.grants.items():
-            self._granted(slot, [got + offset for offset in offsets])
+            self._granted(slot, [replied + offset for offset in offsets])
 
     def _granted(self, slot: str, times: list[float]) -> None:
         state = self._slots.get(slot)

@@ -12,7 +12,7 @@ import collections
 import math
 from collections.abc import Callable
 
-__all__ = ["LEASE_AHEAD", "Leases"]
+__all__ = ["LEASE_AHEAD", "Leases", "ServerClock"]
 
 LEASE_AHEAD = 3
 """Refresh periods of paced sends a process books ahead (so it never idles between exchanges)."""
@@ -22,6 +22,8 @@ SAME = 0.05
 """A granted time this close before the cooldown's end is the grant at its end."""
 USED = 0.001
 """A granted time this close ahead counts as the one just used."""
+DRIFT = 1e-4
+"""Seconds per second the server's clock may drift from the local one (100 ppm: far more than clocks do)."""
 LATE_WEIGHT = 0.2
 """Weight of each due time's lateness in the process's usual lateness (an EWMA)."""
 
@@ -145,3 +147,36 @@ class Leases:
         self._skipped.discard(slot)
         self._granted.pop(slot, None)
         self._pace.pop(slot, None)
+
+
+class ServerClock:
+    """The local time of an instant on Redis's clock, from the exchanges' round trips.
+
+    A grant is a time on Redis's clock; read as "seconds after the reply
+    came back", it is late by the reply's way back, which a loaded machine
+    makes vary by milliseconds from one exchange to the next (the worker
+    thread waits for the interpreter): two processes' times, one fleet
+    interval apart on Redis, came closer here than a limiter with no burst
+    allows. The offset between the clocks lies between ``server - got`` and
+    ``server - sent`` for every exchange; the highest lower bound seen (eased
+    by DRIFT) is the tightest. An answer outside this exchange's bounds (a
+    clock stepped, a hostile value) falls back to them: the local time is
+    always within the exchange's round trip.
+    """
+
+    def __init__(self) -> None:
+        self._offset: float | None = None
+        self._at = 0.0
+
+    def local(self, server: float, sent: float, got: float) -> float:
+        """The local time of the reply's ``server`` instant, for an exchange that left at ``sent`` and came back at ``got``."""
+        if not math.isfinite(server) or not sent <= got:
+            return got
+        low, high = server - got, server - sent
+        offset = self._offset
+        if offset is None or not low <= offset <= high:
+            offset = low
+        else:
+            offset = max(low, offset - DRIFT * max(0.0, got - self._at))
+        self._offset, self._at = offset, got
+        return min(got, max(sent, server - offset))  # within the round trip, rounding included
