@@ -23,7 +23,7 @@ from ..policy import SlotPolicy
 from ..rate import RateController
 from .contact import FirstContact
 from .exchange import Reply, Writes
-from .leases import Leases
+from .leases import Leases, ServerClock
 
 __all__ = ["FleetFacts"]
 
@@ -32,6 +32,8 @@ _SAME = 0.05
 REFUSE_AT_MOST = 7 * 86400.0
 PROBE_WAIT = 180.0
 """How long a half-open circuit waits for its probe (Breaker.released): a remote hold may last that long."""
+FIRST_BURST = 0.5
+"""Seconds after this process's first cut in which a cut from the fleet answers the same first burst."""
 MET_MEMORY = 100_000
 """Slots met remembered, so each is asked about once (unless forgotten since)."""
 _DEFAULT_POLICY = SlotPolicy()
@@ -55,6 +57,7 @@ class FleetFacts(CooldownBoard):
         """The slot's local rules: what the fleet says is bounded by them (cap, circuit time, wake spread)."""
         self.process_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.leases = Leases(refresh)
+        self.server_clock = ServerClock()
         self.grant_wait = grant_wait
         """How long a paced slot waits for a grant the fleet owes it before sending on its own
         (by then an exchange that does not answer has made the board lost)."""
@@ -161,8 +164,9 @@ class FleetFacts(CooldownBoard):
         for slot, pace in reply.paces.items():
             if slot in self._slots:
                 self.leases.paced(slot, pace)
+        replied = self.server_clock.local(reply.server_now, sent, got)
         for slot, offsets in reply.grants.items():
-            self._granted(slot, [got + offset for offset in offsets])
+            self._granted(slot, [replied + offset for offset in offsets])
 
     def _granted(self, slot: str, times: list[float]) -> None:
         state = self._slots.get(slot)
@@ -252,13 +256,20 @@ class FleetFacts(CooldownBoard):
             if rate <= pace.rate:
                 return  # the fleet grows the one pace: a slower sender's is not a step back here
             self._grown[slot] = rate
-        if cut and not (fresh and live):
+        # Both this process and another were refused by the fleet's first burst (one event): their
+        # cuts are two first guesses, not a pace slow start reached, so slow start goes on here.
+        same_start = live and not fresh and pace.starting and now - pace.last_cut < FIRST_BURST
+        if cut and not (fresh and live) and not same_start:
             pace.adopted(rate, now)
+        elif cut and same_start:
+            pace.rate = max(pace.min_rate, min(rate, pace.rate))
         else:
             # The fleet's first cut, heard as it happens: slow start from it, as the process that
             # cut does after its first throttle (a cubic from that first guess would hold the fleet,
             # paced at its senders' slowest, near it for tens of seconds). Growth is taken as is.
             pace.rate = max(pace.min_rate, rate)
+            if cut:
+                pace.last_cut = now  # the first burst's other cuts, and refusals of it here, are this event
         self._published[slot] = pace.rate
         state.last_seen = now
 

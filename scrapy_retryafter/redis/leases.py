@@ -12,7 +12,7 @@ import collections
 import math
 from collections.abc import Callable
 
-__all__ = ["LEASE_AHEAD", "Leases"]
+__all__ = ["LEASE_AHEAD", "Leases", "ServerClock"]
 
 LEASE_AHEAD = 3
 """Refresh periods of paced sends a process books ahead (so it never idles between exchanges)."""
@@ -22,6 +22,10 @@ SAME = 0.05
 """A granted time this close before the cooldown's end is the grant at its end."""
 USED = 0.001
 """A granted time this close ahead counts as the one just used."""
+DRIFT = 1e-4
+"""Seconds per second the server's clock may drift from the local one (100 ppm: far more than clocks do)."""
+LATE_WEIGHT = 0.2
+"""Weight of each due time's lateness in the process's usual lateness (an EWMA)."""
 
 
 class Leases:
@@ -33,6 +37,10 @@ class Leases:
         self._want: dict[str, tuple[int, float]] = {}
         self._pace: dict[str, float] = {}
         """The pace the fleet last granted each slot's times at (its senders' slowest)."""
+        self._skipped: set[str] = set()
+        """Slots whose last due time was skipped: their next one is sent however late."""
+        self.usual_late = 0.0
+        """How late this process's loop usually takes a due time (its wake's pad, timers, load)."""
 
     def __len__(self) -> int:
         return len(self._granted) + len(self._want)
@@ -100,25 +108,75 @@ class Leases:
 
     def used(self, slot: str, now: float) -> float | None:
         """A request of the slot left: drop its time, and any that went by unused; the next one."""
+        self._skipped.discard(slot)
         return self.drop_before(slot, now + USED)
 
-    def skip_late(self, slot: str, now: float, late: float) -> bool:
-        """Drop the times this process is more than ``late`` seconds behind; True if it was."""
+    def skip_late(self, slot: str, now: float, margin: float, interval: float) -> bool:
+        """Drop the due times this process is too late for; True if it was.
+
+        Too late is ``margin`` seconds past the lateness this process's loop
+        usually has: the next fleet time (maybe another process's) is taken
+        about as late, so only the excess brings two sends closer than the
+        limiter allows. Every loop is late by something (a wake is padded by a
+        millisecond, timers and load add more), and at 50 requests/s the margin
+        is under a millisecond: judged by the margin alone, every due time was
+        late, every one was skipped, and the slot never sent again. Nor is a
+        slot skipped twice in a row: the next due time is sent however late.
+        """
         granted = self._granted.get(slot)
         if not granted or granted[0] >= now:
             return False
-        skipped = False
-        while granted and granted[0] < now - late:
+        late = now - granted[0]
+        usual = self.usual_late
+        self.usual_late += LATE_WEIGHT * (min(late, interval) - usual)
+        if slot in self._skipped or late <= usual + margin:
+            return False
+        while granted and granted[0] < now - usual - margin:
             granted.popleft()
-            skipped = True
-        return skipped
+        self._skipped.add(slot)
+        return True
 
     def forget(self, slot: str) -> None:
+        self._skipped.discard(slot)
         self._granted.pop(slot, None)
         self._want.pop(slot, None)
         self._pace.pop(slot, None)
 
     def drop(self, slot: str) -> None:
         """Redis is lost: the slot is paced on this process's share alone."""
+        self._skipped.discard(slot)
         self._granted.pop(slot, None)
         self._pace.pop(slot, None)
+
+
+class ServerClock:
+    """The local time of an instant on Redis's clock, from the exchanges' round trips.
+
+    A grant is a time on Redis's clock; read as "seconds after the reply
+    came back", it is late by the reply's way back, which a loaded machine
+    makes vary by milliseconds from one exchange to the next (the worker
+    thread waits for the interpreter): two processes' times, one fleet
+    interval apart on Redis, came closer here than a limiter with no burst
+    allows. The offset between the clocks lies between ``server - got`` and
+    ``server - sent`` for every exchange; the highest lower bound seen (eased
+    by DRIFT) is the tightest. An answer outside this exchange's bounds (a
+    clock stepped, a hostile value) falls back to them: the local time is
+    always within the exchange's round trip.
+    """
+
+    def __init__(self) -> None:
+        self._offset: float | None = None
+        self._at = 0.0
+
+    def local(self, server: float, sent: float, got: float) -> float:
+        """The local time of the reply's ``server`` instant, for an exchange that left at ``sent`` and came back at ``got``."""
+        if not math.isfinite(server) or not sent <= got:
+            return got
+        low, high = server - got, server - sent
+        offset = self._offset
+        if offset is None or not low <= offset <= high:
+            offset = low
+        else:
+            offset = max(low, offset - DRIFT * max(0.0, got - self._at))
+        self._offset, self._at = offset, got
+        return min(got, max(sent, server - offset))  # within the round trip, rounding included

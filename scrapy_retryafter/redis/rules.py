@@ -153,15 +153,16 @@ class FleetRules(FleetFacts):
         """Give up granted send times this process is too late for (its loop stalled).
 
         The fleet's times are one fleet interval apart: a send later than the
-        pace's margin under the limit comes too close to the next process's,
-        which a limiter with no burst answers with a 429 and a cooldown for
-        the whole fleet. Skipping costs one interval.
+        pace's margin under the limit, beyond the lateness every process's loop
+        has, comes too close to the next process's, which a limiter with no
+        burst answers with a 429 and a cooldown for the whole fleet. Skipping
+        costs one interval, and never two in a row (Leases.skip_late).
         """
         if self.lost or state.pace is None:
             return
         # The times are spaced at the fleet's pace, which may be slower than this process's own.
         pace = min(state.pace.rate, self.leases.pace(slot) or state.pace.rate)
-        if self.leases.skip_late(slot, now, (1 - MARGIN) / pace):
+        if self.leases.skip_late(slot, now, (1 - MARGIN) / pace, 1 / pace):
             self.on_late_lease(slot)
             self._next_granted(slot, state, self.leases.next(slot), now)
 
