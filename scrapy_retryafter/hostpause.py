@@ -10,8 +10,22 @@ interval growing from the backoff's base to its cap, and the first answer
 that is not such a failure ends the pause. A request that fails while its
 host is paused spends none of its own retries; one that fails while the host
 answers spends one, so RETRY_TIMES keeps its meaning for a request that
-fails alone. The probe itself spends one: a host that never answers again
-runs out of retries one probe at a time instead of holding the crawl forever.
+fails alone. The probe itself spends one, but a probe that fails on its last
+attempt while the host stays paused is held, not given up: the outage is the
+host's. A host that never answers again is refused once its pause outlasts
+the slot's max_delay (pausing.py), and its requests are parked.
+
+The probe is a request that failed before, the most failed first
+(``probe_priority``): a fresh URL's first attempt says nothing when each
+URL fails once or twice on its own (a CDN's cold-cache 504), and probing
+with fresh URLs kept such a healthy host paused for good. One whose last
+attempt failed as a probe goes back to its own priority, so a URL that
+always fails cannot hold its host paused. And once a fresh
+request fails right after a pause ended, the failures are the URLs', not the
+host's (a recovered host answers fresh URLs; one that went down again fails
+the held retries too): from then on only requests that failed before count
+toward a pause of that host, so a cold cache costs one pause, not one per
+burst of new URLs.
 
 The board owns one ``HostPauses`` and asks it in ``ready_at``; the retry
 middlewares report failures and answers. Times are the board's clock.
@@ -26,13 +40,17 @@ from dataclasses import dataclass
 from .backoff import Backoff, Uniform
 
 __all__ = [
+    "FAILURES",
     "OUTAGE_STATUSES",
+    "OWN_PRIORITY",
+    "PROBE_PRIORITY",
     "PROBE_TIMEOUT",
     "HostPauses",
     "Pause",
     "PauseEvent",
     "exception_kind",
     "probe_interval",
+    "probe_priority",
 ]
 
 OUTAGE_STATUSES = frozenset({502, 504, 522, 524})
@@ -52,6 +70,25 @@ def exception_kind(names: Iterable[str]) -> str:
     """How a failed attempt failed, from its exception's qualified names: ``timeout`` or ``reset``
     (a connection lost or reset mid-request, a response cut short)."""
     return "timeout" if any(name in _TIMEOUTS for name in names) else "reset"
+
+
+FAILURES = "retry_after_failures"
+"""Meta: how often the request failed in a way that says its host may be down."""
+OWN_PRIORITY = "retry_after_priority"
+"""Meta: the request's priority before a paused host raised it to be a probe."""
+PROBE_PRIORITY = 1 << 20
+"""Added to the priority of a request held by a paused host, once per failure: its slot's probe is picked
+before fresh requests, the most failed first."""
+_MOST_FAILURES = 1000
+
+
+def probe_priority(base: int, failures: int, spent: bool) -> int:
+    """The priority a request held by a paused host waits at: above the slot's fresh requests,
+    the most failed first; ``spent``: its last attempt failed as a probe, so it waits at its own."""
+    if spent:
+        return base
+    # Failures outrank the request's own priority, which RETRY_PRIORITY_ADJUST lowers on each retry.
+    return base + PROBE_PRIORITY * min(max(1, failures), _MOST_FAILURES)
 
 
 def probe_interval(probes: int, backoff: Backoff, rng: Uniform = random) -> float:
@@ -90,25 +127,32 @@ class Pause:
 class HostPauses:
     """Per slot: failures of one kind in a row, and the pause they started."""
 
-    __slots__ = ("_pauses", "_streaks")
+    __slots__ = ("_pauses", "_repeats_only", "_resumed", "_streaks")
 
     def __init__(self) -> None:
         self._streaks: dict[str, tuple[str, int, float]] = {}
         """Slot -> (kind, failures of that kind in a row, when the last one happened)."""
         self._pauses: dict[str, Pause] = {}
+        self._resumed: dict[str, float] = {}
+        """Slot -> when its last pause ended."""
+        self._repeats_only: dict[str, float] = {}
+        """Slot -> when a fresh request last failed after a pause: only repeated failures count."""
 
     def __bool__(self) -> bool:
-        return bool(self._pauses) or bool(self._streaks)
+        return bool(self._pauses) or bool(self._streaks) or bool(self._resumed) or bool(self._repeats_only)
 
     def __len__(self) -> int:
-        return len(self._pauses.keys() | self._streaks.keys())
+        return len(self._slots())
 
     def __contains__(self, slot: str) -> bool:
         """True while ``slot`` is paused."""
         return slot in self._pauses
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._pauses.keys() | self._streaks.keys())
+        return iter(self._slots())
+
+    def _slots(self) -> set[str]:
+        return self._pauses.keys() | self._streaks.keys() | self._resumed.keys() | self._repeats_only.keys()
 
     def pause_of(self, slot: str) -> Pause | None:
         return self._pauses.get(slot)
@@ -122,38 +166,64 @@ class HostPauses:
         threshold: int,
         backoff: Backoff,
         rng: Uniform = random,
+        repeat: bool = True,
     ) -> PauseEvent:
-        """A request to ``slot`` sent at ``sent_at`` failed as ``kind``.
+        """A request to ``slot`` sent at ``sent_at`` failed as ``kind``; ``repeat``: it had failed before.
 
         Paused already: a request sent during the pause was its probe (or slipped
         out with it), so the next probe waits a longer interval from now. One sent
         before the pause is part of the event that started it, but the host saw it
-        too: the interval grows with it and the next probe never comes sooner, so
-        the host sees about one request per interval, a burst in flight included.
+        too: it moves the next probe one interval later, so the host sees about one
+        request per interval, a burst in flight included. It does not double the
+        interval: 16 requests in flight during a one-second blip would otherwise put
+        the first probe a minute out.
+
+        Once the host's failures proved to be its URLs' (a fresh request failed right after a
+        pause ended), a fresh request's failure neither counts toward a pause nor moves a probe,
+        and a pause's first probe waits one interval, not one per failure that started it.
         """
+        per_url = not repeat and slot in self._repeats_only
+        if per_url:
+            self._repeats_only[slot] = now
         pause = self._pauses.get(slot)
         if pause is not None:
             if sent_at < pause.since:
-                pause.probes += 1
-                pause.next_probe = max(pause.next_probe, now + probe_interval(pause.probes, backoff, rng))
+                if not per_url:
+                    later = max(pause.next_probe, now) + probe_interval(max(1, pause.probes), backoff, rng)
+                    pause.next_probe = min(later, now + max(backoff.cap, backoff.base))
                 return PauseEvent(started=False, free=True, wait=max(0.0, pause.next_probe - now))
-            # The probe's failure is its own attempt: it spends a retry, so a host that never
-            # answers again still ends (each probe uses up its request's retries).
+            # The probe's failure is its own attempt: it spends a retry (the shell holds one that
+            # fails on its last attempt while the host stays paused).
             return PauseEvent(started=False, free=False, wait=self._rearm(pause, now, backoff, rng))
+        if per_url:
+            return PauseEvent(started=False, free=False, wait=0.0)
+        if not repeat and self._resumed.pop(slot, None) is not None:
+            self._repeats_only[slot] = now  # a fresh URL fails though the host answered: per-URL failures
+            return PauseEvent(started=False, free=False, wait=0.0)
         last_kind, count, _ = self._streaks.get(slot, (kind, 0, now))
         count = count + 1 if last_kind == kind else 1
         if count < max(1, threshold):
             self._streaks[slot] = (kind, count, now)
             return PauseEvent(started=False, free=False, wait=0.0)
-        return PauseEvent(started=True, free=False, wait=self.pause(slot, kind, now, backoff, rng))
+        seen = 1 if slot in self._repeats_only else count
+        return PauseEvent(started=True, free=False, wait=self.pause(slot, kind, now, backoff, rng, seen=seen))
 
-    def pause(self, slot: str, kind: str, now: float, backoff: Backoff, rng: Uniform = random) -> float:
-        """Pause ``slot`` now (or wait a longer interval if it is paused); return seconds to the next probe."""
+    def pause(
+        self, slot: str, kind: str, now: float, backoff: Backoff, rng: Uniform = random, seen: int = 1
+    ) -> float:
+        """Pause ``slot`` now (or wait a longer interval if it is paused); return seconds to the next probe.
+
+        ``seen`` failures started it: the host saw each, so the first probe waits one interval per
+        failure (at most the backoff's cap), and a burst stays about one request per interval."""
         self._streaks.pop(slot, None)
         pause = self._pauses.get(slot)
-        if pause is None:
-            pause = self._pauses[slot] = Pause(kind, now)
-        return self._rearm(pause, now, backoff, rng)
+        if pause is not None:
+            return self._rearm(pause, now, backoff, rng)
+        pause = self._pauses[slot] = Pause(kind, now)
+        self._rearm(pause, now, backoff, rng)
+        later = pause.next_probe + sum(probe_interval(1, backoff, rng) for _ in range(min(seen, 64) - 1))
+        pause.next_probe = min(later, now + max(backoff.cap, backoff.base))
+        return pause.next_probe - now
 
     @staticmethod
     def _rearm(pause: Pause, now: float, backoff: Backoff, rng: Uniform) -> float:
@@ -168,7 +238,10 @@ class HostPauses:
         return how long the pause lasted, or None when it was not paused."""
         self._streaks.pop(slot, None)
         pause = self._pauses.pop(slot, None)
-        return None if pause is None else max(0.0, now - pause.since)
+        if pause is None:
+            return None
+        self._resumed[slot] = now
+        return max(0.0, now - pause.since)
 
     def ready_at(self, slot: str, now: float) -> float:
         """When ``slot``'s next request may leave as far as its pause goes (0.0: now)."""
@@ -190,8 +263,13 @@ class HostPauses:
         return max(0.0, self.ready_at(slot, now) - now)
 
     def prune(self, before: float) -> int:
-        """Forget the streaks whose last failure is older than ``before``; pauses stay until answered."""
+        """Forget the streaks and the lessons older than ``before``; pauses stay until answered."""
         stale = [slot for slot, (_, _, last) in self._streaks.items() if last < before]
         for slot in stale:
             del self._streaks[slot]
+        for lessons in (self._resumed, self._repeats_only):
+            old = [slot for slot, when in lessons.items() if when < before]
+            for slot in old:
+                del lessons[slot]
+            stale += old
         return len(stale)

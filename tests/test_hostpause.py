@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from scrapy_retryafter.backoff import Backoff
 from scrapy_retryafter.board import CooldownBoard
-from scrapy_retryafter.hostpause import HostPauses, exception_kind, probe_interval
+from scrapy_retryafter.hostpause import PROBE_PRIORITY, HostPauses, exception_kind, probe_interval, probe_priority
 from scrapy_retryafter.testing.clock import FakeClock
 
 BACKOFF = Backoff("full", 1.0, 60.0)
@@ -50,8 +50,8 @@ def test_exception_kinds(names, kind):
     assert exception_kind(names) == kind
 
 
-def fail(pauses, kind="502", now=0.0, sent_at=None, threshold=3):
-    return pauses.failed("h", kind, now, now if sent_at is None else sent_at, threshold, BACKOFF, Top())
+def fail(pauses, kind="502", now=0.0, sent_at=None, threshold=3, repeat=True):
+    return pauses.failed("h", kind, now, now if sent_at is None else sent_at, threshold, BACKOFF, Top(), repeat=repeat)
 
 
 def test_threshold_failures_of_one_kind_in_a_row_pause_the_host():
@@ -59,7 +59,8 @@ def test_threshold_failures_of_one_kind_in_a_row_pause_the_host():
     assert [fail(pauses).started for _ in range(2)] == [False, False]
     assert "h" not in pauses
     event = fail(pauses)
-    assert event.started and not event.free and event.wait == pytest.approx(1.0)
+    # The host saw the three failures: the first probe waits one interval for each.
+    assert event.started and not event.free and event.wait == pytest.approx(3.0)
     assert "h" in pauses
 
 
@@ -87,27 +88,61 @@ def test_one_probe_per_interval_and_a_failed_probe_waits_longer():
     pauses = HostPauses()
     for _ in range(3):
         fail(pauses, now=clock.now)
-    assert pauses.ready_at("h", clock.now) == pytest.approx(101.0)
-    clock.now = 101.0
+    assert pauses.ready_at("h", clock.now) == pytest.approx(103.0)
+    clock.now = 103.0
     assert pauses.ready_at("h", clock.now) == 0.0
     pauses.released("h", clock.now)  # the probe leaves
     assert pauses.ready_at("h", clock.now) > clock.now  # nothing else until it is answered
     pauses.released("h", clock.now)
-    clock.now = 101.2
-    event = fail(pauses, now=clock.now, sent_at=101.0)
+    clock.now = 103.2
+    event = fail(pauses, now=clock.now, sent_at=103.0)
     assert not event.free and event.wait == pytest.approx(2.0)  # the probe spends its own retry
-    assert pauses.ready_at("h", clock.now) == pytest.approx(103.2)
+    assert pauses.ready_at("h", clock.now) == pytest.approx(105.2)
 
 
-def test_failures_of_requests_sent_before_the_pause_grow_the_interval_but_never_bring_the_probe_sooner():
+def test_failures_of_requests_sent_before_the_pause_move_the_probe_one_interval_each_never_sooner():
     pauses = HostPauses()
     for _ in range(3):
         fail(pauses, now=10.0, sent_at=9.9)
     first = pauses.ready_at("h", 10.0)
+    assert first == pytest.approx(13.0)
     event = fail(pauses, now=10.01, sent_at=9.95)  # in flight when the pause began
     assert event.free
     assert pauses.ready_at("h", 10.01) >= first
-    assert pauses.ready_at("h", 10.01) == pytest.approx(10.01 + 2.0)
+    assert pauses.ready_at("h", 10.01) == pytest.approx(14.0)
+    assert pauses.pause_of("h").probes == 1  # the burst does not double the probes' interval
+
+
+@pytest.mark.parametrize(("in_flight", "first_probe"), [(8, 8.0), (16, 16.0), (32, 32.0), (100, 60.0)])
+def test_a_burst_in_flight_puts_the_first_probe_one_interval_per_request_out_at_most_the_cap(in_flight, first_probe):
+    """A one-second blip with 16 requests in flight once put the first probe 55 s out (doubling per request)."""
+    pauses = HostPauses()
+    for _ in range(in_flight):
+        fail(pauses, now=0.5, sent_at=0.0)
+    assert pauses.ready_at("h", 0.5) == pytest.approx(0.5 + first_probe)
+
+
+@pytest.mark.parametrize(
+    ("base", "failures", "spent", "priority"),
+    [
+        (0, 1, False, PROBE_PRIORITY),
+        (-2, 3, False, 3 * PROBE_PRIORITY - 2),  # the most failed first, whatever retries took off
+        (-1, 2, False, 2 * PROBE_PRIORITY - 1),
+        (5, 4, True, 5),  # its last attempt failed as a probe: an always-failing URL can't hold the host
+        (0, 10**9, False, 1000 * PROBE_PRIORITY),  # bounded
+        (0, -7, False, PROBE_PRIORITY),
+    ],
+)
+def test_the_probe_is_a_request_that_failed_before_most_failed_first(base, failures, spent, priority):
+    assert probe_priority(base, failures, spent) == priority
+
+
+@given(st.integers(-(2**16), 2**16), st.integers(1, 1000), st.integers(1, 1000), st.integers(0, 50))
+def test_more_failures_probe_first_though_each_retry_lowered_the_priority(base, fewer, more, adjusted):
+    """A request's own priority drops by RETRY_PRIORITY_ADJUST on each retry; failures still rank first."""
+    fewer, more = sorted((fewer, more))
+    assert probe_priority(base - adjusted, more, False) >= probe_priority(base, fewer, False) or more == fewer
+    assert probe_priority(base, fewer, False) > base
 
 
 def test_an_answer_ends_the_pause_and_says_how_long_it_lasted():
@@ -193,3 +228,53 @@ def test_a_failure_while_the_host_is_paused_spends_no_retry_but_keeps_method_and
     assert (decision.retry, decision.gave_up) == (retry, gave_up)
     if retry:
         assert decision.wait == 0.0
+
+
+def test_a_fresh_url_failing_after_a_pause_ended_teaches_that_the_failures_are_per_url():
+    pauses = HostPauses()
+    for _ in range(3):
+        fail(pauses, now=0.0, repeat=False)
+    assert "h" in pauses  # before any lesson, fresh failures of one kind are an outage
+    pauses.answered("h", 5.0)  # the probe (a request that failed before) got through
+    # Fresh URLs fail again while the host answers: their first attempts, not the host.
+    for i in range(10):
+        event = fail(pauses, now=5.1 + i / 100, repeat=False)
+        assert not event.started and not event.free and event.wait == 0.0
+    assert "h" not in pauses
+    # The same URLs failing again still pause the host, first probe one interval out.
+    events = [fail(pauses, now=6.0, repeat=True) for _ in range(3)]
+    assert events[-1].started and events[-1].wait == pytest.approx(1.0)
+    # In flight meanwhile: a fresh URL's failure is held but does not move the probe.
+    assert fail(pauses, now=6.1, sent_at=5.9, repeat=False).free
+    assert pauses.ready_at("h", 6.1) == pytest.approx(7.0)
+    assert fail(pauses, now=6.1, sent_at=5.9, repeat=True).free
+    assert pauses.ready_at("h", 6.1) == pytest.approx(8.0)
+
+
+def test_without_a_pause_that_ended_fresh_failures_still_pause_and_lessons_are_forgotten():
+    pauses = HostPauses()
+    pauses.answered("h", 0.0)  # never paused: nothing learnt
+    assert fail(pauses, now=1.0, repeat=False).wait == 0.0
+    fail(pauses, now=1.0, repeat=False)
+    assert fail(pauses, now=1.0, repeat=False).started
+    pauses.answered("h", 2.0)
+    fail(pauses, now=2.5, repeat=False)  # the lesson
+    assert "h" in list(pauses)
+    assert pauses.prune(before=100.0) == 1
+    assert list(pauses) == []
+    events = [fail(pauses, now=200.0, repeat=False) for _ in range(3)]
+    assert events[-1].started  # forgotten: an outage again
+
+
+@given(st.lists(st.tuples(st.sampled_from(["fresh", "repeat", "answer"]), st.floats(0, 2)), max_size=80))
+def test_a_run_of_repeated_failures_always_pauses_whatever_was_learnt(steps):
+    pauses = HostPauses()
+    now = 0.0
+    for step, dt in steps:
+        now += dt
+        if step == "answer":
+            pauses.answered("h", now)
+        else:
+            fail(pauses, now=now, sent_at=now, repeat=step == "repeat")
+    pauses.answered("h", now)
+    assert [fail(pauses, now=now, sent_at=now, repeat=True).started for _ in range(3)] == [False, False, True]
