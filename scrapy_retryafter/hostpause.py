@@ -113,12 +113,14 @@ class PauseEvent:
 
 
 class Pause:
-    __slots__ = ("kind", "next_probe", "probe_out", "probes", "since")
+    __slots__ = ("charged", "kind", "next_probe", "probe_out", "probes", "since")
 
     def __init__(self, kind: str, since: float) -> None:
         self.kind = kind
         self.since = since
         self.probes = 0
+        self.charged = 0
+        """Failures of requests sent before the pause that moved its first probe."""
         self.next_probe = since
         self.probe_out = 0.0
         """Until when the probe sent is awaited (0.0: none out)."""
@@ -174,9 +176,9 @@ class HostPauses:
         out with it), so the next probe waits a longer interval from now. One sent
         before the pause is part of the event that started it, but the host saw it
         too: it moves the next probe one interval later, so the host sees about one
-        request per interval, a burst in flight included. It does not double the
-        interval: 16 requests in flight during a one-second blip would otherwise put
-        the first probe a minute out.
+        request per interval, a burst in flight included, up to twice ``threshold``
+        such failures: a larger burst was sent before anyone knew, and 16 requests in
+        flight during a one-second blip once put the first probe a minute out.
 
         Once the host's failures proved to be its URLs' (a fresh request failed right after a
         pause ended), a fresh request's failure neither counts toward a pause nor moves a probe,
@@ -188,7 +190,8 @@ class HostPauses:
         pause = self._pauses.get(slot)
         if pause is not None:
             if sent_at < pause.since:
-                if not per_url:
+                if not per_url and pause.charged < 2 * max(1, threshold):
+                    pause.charged += 1
                     later = max(pause.next_probe, now) + probe_interval(max(1, pause.probes), backoff, rng)
                     pause.next_probe = min(later, now + max(backoff.cap, backoff.base))
                 return PauseEvent(started=False, free=True, wait=max(0.0, pause.next_probe - now))
@@ -221,7 +224,8 @@ class HostPauses:
             return self._rearm(pause, now, backoff, rng)
         pause = self._pauses[slot] = Pause(kind, now)
         self._rearm(pause, now, backoff, rng)
-        later = pause.next_probe + sum(probe_interval(1, backoff, rng) for _ in range(min(seen, 64) - 1))
+        pause.charged = max(1, min(seen, 64))
+        later = pause.next_probe + sum(probe_interval(1, backoff, rng) for _ in range(pause.charged - 1))
         pause.next_probe = min(later, now + max(backoff.cap, backoff.base))
         return pause.next_probe - now
 
