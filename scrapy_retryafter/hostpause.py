@@ -19,8 +19,9 @@ The probe is a request that failed before, the most failed first
 (``probe_priority``): a fresh URL's first attempt says nothing when each
 URL fails once or twice on its own (a CDN's cold-cache 504), and probing
 with fresh URLs kept such a healthy host paused for good. One whose last
-attempt failed as a probe goes back to its own priority, so a URL that
-always fails cannot hold its host paused. And once a fresh
+attempt failed as a probe is held once more at its own priority; failing
+so again, it is given up as with stock Scrapy, so URLs that always fail
+reach their errback instead of holding their host paused. And once a fresh
 request fails right after a pause ended, the failures are the URLs', not the
 host's (a recovered host answers fresh URLs; one that went down again fails
 the held retries too): from then on only requests that failed before count
@@ -43,6 +44,7 @@ __all__ = [
     "FAILURES",
     "OUTAGE_STATUSES",
     "OWN_PRIORITY",
+    "PROBED_OUT",
     "PROBE_PRIORITY",
     "PROBE_TIMEOUT",
     "HostPauses",
@@ -50,6 +52,7 @@ __all__ = [
     "PauseEvent",
     "exception_kind",
     "probe_interval",
+    "own_priority",
     "probe_priority",
 ]
 
@@ -75,7 +78,10 @@ def exception_kind(names: Iterable[str]) -> str:
 FAILURES = "retry_after_failures"
 """Meta: how often the request failed in a way that says its host may be down."""
 OWN_PRIORITY = "retry_after_priority"
-"""Meta: the request's priority before a paused host raised it to be a probe."""
+"""Meta: [the request's own priority, the priority a paused host raised it to]; trusted only while
+the request still has the raised one (a spider passing ``response.meta`` on copies it)."""
+PROBED_OUT = "retry_after_probed_out"
+"""Meta: the request failed its last attempt as a probe and was held once: the next such failure is final."""
 PROBE_PRIORITY = 1 << 20
 """Added to the priority of a request held by a paused host, once per failure: its slot's probe is picked
 before fresh requests, the most failed first."""
@@ -89,6 +95,18 @@ def probe_priority(base: int, failures: int, spent: bool) -> int:
         return base
     # Failures outrank the request's own priority, which RETRY_PRIORITY_ADJUST lowers on each retry.
     return base + PROBE_PRIORITY * min(max(1, failures), _MOST_FAILURES)
+
+
+def own_priority(mark: object, priority: int) -> int:
+    """The priority a request had before a paused host raised it: from its ``OWN_PRIORITY`` mark
+    when the mark was made for this very priority, else ``priority`` itself."""
+    if isinstance(mark, (list, tuple)) and len(mark) == 2 and all(_whole(value) for value in mark) and mark[1] == priority:
+        return int(mark[0])
+    return priority
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= 2**63
 
 
 def probe_interval(probes: int, backoff: Backoff, rng: Uniform = random) -> float:

@@ -25,7 +25,7 @@ from .extension import RetryAfterExtension, SlotCoolingDown
 from .failures import PREVIOUS_WAIT, past_deadline, sent_at, stamp_first_attempt
 from .headers import parse_retry_after
 from .holding import THROTTLES
-from .hostpause import OUTAGE_STATUSES, OWN_PRIORITY
+from .hostpause import OUTAGE_STATUSES, OWN_PRIORITY, PROBED_OUT
 from .logstats import RetryAfterLogStats
 from .pausing import Pausing, rank_for_probe
 from .policy import Decision, decide
@@ -78,7 +78,7 @@ class RetryAfterMiddleware:
         self._free: weakref.WeakSet[Request] = weakref.WeakSet()
         """Throttled while their host was paused: the retry spends none of their throttles."""
         self._spent_probes: weakref.WeakSet[Request] = weakref.WeakSet()
-        """Probes throttled on their last throttle, held: they wait at their own priority."""
+        """Probes throttled on their last throttle, held once: they wait at their own priority."""
         self.room = WaitingRoom(crawler, extension)  # without the add-on's queue
 
     @classmethod
@@ -167,7 +167,8 @@ class RetryAfterMiddleware:
             # The host is paused: sent before the pause, the failure is the host's (no throttle spent);
             # a probe's is its own, but a probe on its last throttle is held while the host stays paused.
             free = self._pausing.pause(request, slot, policy, str(response.status), "").free
-            if not free and throttles > self._throttle_limit(request, policy) and slot in self.board.pauses:
+            last = throttles > self._throttle_limit(request, policy) and not request.meta.get(PROBED_OUT)
+            if not free and last and slot in self.board.pauses:
                 self._spent_probes.add(request)
                 free = True
             if free:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from .eventlog import printable
 from .failures import NOT_BEFORE, host_down_wait, sent_at
-from .hostpause import FAILURES, OWN_PRIORITY, PauseEvent, probe_priority
+from .hostpause import FAILURES, OWN_PRIORITY, PROBED_OUT, PauseEvent, own_priority, probe_priority
 from .retry_reporting import add_seconds
 
 if TYPE_CHECKING:
@@ -36,11 +36,13 @@ def rank_for_probe(request: Request, retry: Request, paused: bool, spent: bool) 
     meta = retry.meta
     failures = _count(meta.get(FAILURES)) + 1
     meta[FAILURES] = failures
-    own = _count(request.meta.get(OWN_PRIORITY), request.priority, signed=True)
+    own = own_priority(request.meta.get(OWN_PRIORITY), request.priority)
     own += retry.priority - request.priority  # RETRY_PRIORITY_ADJUST, when this retry applied it
+    if spent:
+        meta[PROBED_OUT] = True
     if paused:
-        meta[OWN_PRIORITY] = own
         retry.priority = probe_priority(own, failures, spent)
+        meta[OWN_PRIORITY] = [own, retry.priority]
     else:
         meta.pop(OWN_PRIORITY, None)
         retry.priority = own
@@ -83,11 +85,13 @@ class Pausing:
     ) -> tuple[float | None, bool]:
         """A gateway failure, timeout or reset (``kind``; None: another failure): (seconds to the host's next probe when the request is
         held for its paused host and spends no retry, else None; whether it was a probe that failed
-        on its last attempt). Such a probe is held too while the host stays paused: the outage is the host's."""
+        on its last attempt). Such a probe is held once too while the host stays paused (the outage may
+        be the host's); failing so again, its URL is taken for broken and it is given up as stock does."""
         if kind is None:
             return None, False
         event = self.failed(request, slot, policy, kind)
         spent_probe = exhausted and not (event.free or event.started) and slot in self.board.pauses
+        spent_probe = spent_probe and not request.meta.get(PROBED_OUT)  # held once only
         if event.free or spent_probe:
             return self.board.pauses.remaining(slot, self.board.clock()), spent_probe
         return None, False
