@@ -82,6 +82,9 @@ OWN_PRIORITY = "retry_after_priority"
 the request still has the raised one (a spider passing ``response.meta`` on copies it)."""
 PROBED_OUT = "retry_after_probed_out"
 """Meta: the request failed its last attempt as a probe and was held once: the next such failure is final."""
+LESSON_WINDOW = 2.0
+"""Seconds after a pause ends (at least four backoff bases) in which a fresh request's failure says
+the host's failures are its URLs'."""
 PROBE_PRIORITY = 1 << 20
 """Added to the priority of a request held by a paused host, once per failure: its slot's probe is picked
 before fresh requests, the most failed first."""
@@ -131,7 +134,7 @@ class PauseEvent:
 
 
 class Pause:
-    __slots__ = ("charged", "kind", "next_probe", "probe_out", "probes", "since")
+    __slots__ = ("charged", "kind", "next_probe", "on_trial", "probe_out", "probes", "since")
 
     def __init__(self, kind: str, since: float) -> None:
         self.kind = kind
@@ -139,6 +142,8 @@ class Pause:
         self.probes = 0
         self.charged = 0
         """Failures of requests sent before the pause that moved its first probe."""
+        self.on_trial = False
+        """Started by fresh failures under the per-URL lesson: a failed probe proves the lesson wrong."""
         self.next_probe = since
         self.probe_out = 0.0
         """Until when the probe sent is awaited (0.0: none out)."""
@@ -147,19 +152,21 @@ class Pause:
 class HostPauses:
     """Per slot: failures of one kind in a row, and the pause they started."""
 
-    __slots__ = ("_pauses", "_repeats_only", "_resumed", "_streaks")
+    __slots__ = ("_host_wide", "_pauses", "_repeats_only", "_resumed", "_streaks")
 
     def __init__(self) -> None:
-        self._streaks: dict[str, tuple[str, int, float]] = {}
-        """Slot -> (kind, failures of that kind in a row, when the last one happened)."""
+        self._streaks: dict[str, tuple[str, int, int, float]] = {}
+        """Slot -> (kind, failures of that kind in a row, how many of them repeated one, when the last happened)."""
         self._pauses: dict[str, Pause] = {}
         self._resumed: dict[str, float] = {}
         """Slot -> when its last pause ended."""
         self._repeats_only: dict[str, float] = {}
-        """Slot -> when a fresh request last failed after a pause: only repeated failures count."""
+        """Slot -> when a fresh request failing right after a pause taught that its failures are per URL."""
+        self._host_wide: dict[str, float] = {}
+        """Slot -> when a run of fresh failures under that lesson proved it wrong (a host that flaps)."""
 
     def __bool__(self) -> bool:
-        return bool(self._pauses) or bool(self._streaks) or bool(self._resumed) or bool(self._repeats_only)
+        return bool(self._pauses or self._streaks or self._resumed or self._repeats_only or self._host_wide)
 
     def __len__(self) -> int:
         return len(self._slots())
@@ -172,7 +179,10 @@ class HostPauses:
         return iter(self._slots())
 
     def _slots(self) -> set[str]:
-        return self._pauses.keys() | self._streaks.keys() | self._resumed.keys() | self._repeats_only.keys()
+        return (
+            self._pauses.keys() | self._streaks.keys() | self._resumed.keys() | self._repeats_only.keys()
+            | self._host_wide.keys()
+        )
 
     def pause_of(self, slot: str) -> Pause | None:
         return self._pauses.get(slot)
@@ -198,13 +208,17 @@ class HostPauses:
         such failures: a larger burst was sent before anyone knew, and 16 requests in
         flight during a one-second blip once put the first probe a minute out.
 
-        Once the host's failures proved to be its URLs' (a fresh request failed right after a
-        pause ended), a fresh request's failure neither counts toward a pause nor moves a probe,
-        and a pause's first probe waits one interval, not one per failure that started it.
+        Once the host's failures proved to be its URLs' (a fresh request failed within
+        ``LESSON_WINDOW`` of a pause's end), ``threshold`` failures of requests that failed before
+        pause it, or four times as many of any (a real outage fails everything at once, while a
+        cold cache answers the retries in between); a fresh failure in flight moves no probe; a
+        pause's first probe waits one interval. The lesson is not renewed: the board forgets it
+        after its pace memory, like a streak. A pause by such a run of fresh failures whose probe
+        fails too proves it wrong (the host flaps, or is down), and it is not taught again until
+        that verdict is forgotten the same way.
         """
-        per_url = not repeat and slot in self._repeats_only
-        if per_url:
-            self._repeats_only[slot] = now
+        lesson = slot in self._repeats_only
+        per_url = not repeat and lesson
         pause = self._pauses.get(slot)
         if pause is not None:
             if sent_at < pause.since:
@@ -215,19 +229,30 @@ class HostPauses:
                 return PauseEvent(started=False, free=True, wait=max(0.0, pause.next_probe - now))
             # The probe's failure is its own attempt: it spends a retry (the shell holds one that
             # fails on its last attempt while the host stays paused).
+            if pause.on_trial:  # a retry fails too: the lesson was wrong, the host flaps or is down
+                pause.on_trial = False
+                self._repeats_only.pop(slot, None)
+                self._host_wide[slot] = now
             return PauseEvent(started=False, free=False, wait=self._rearm(pause, now, backoff, rng))
-        if per_url:
+        if not repeat and not lesson:
+            resumed = self._resumed.pop(slot, None)
+            window = max(LESSON_WINDOW, 4 * backoff.base)
+            if resumed is not None and now - resumed <= window and slot not in self._host_wide:
+                self._repeats_only[slot] = now  # a fresh URL fails though the host answered: per-URL failures
+                return PauseEvent(started=False, free=False, wait=0.0)
+        last_kind, count, repeats, _ = self._streaks.get(slot, (kind, 0, 0, now))
+        if last_kind == kind:
+            count, repeats = count + 1, repeats + repeat
+        else:
+            count, repeats = 1, int(repeat)
+        threshold = max(1, threshold)
+        if (repeats < threshold and count < 4 * threshold) if lesson else count < threshold:
+            self._streaks[slot] = (kind, count, repeats, now)
             return PauseEvent(started=False, free=False, wait=0.0)
-        if not repeat and self._resumed.pop(slot, None) is not None:
-            self._repeats_only[slot] = now  # a fresh URL fails though the host answered: per-URL failures
-            return PauseEvent(started=False, free=False, wait=0.0)
-        last_kind, count, _ = self._streaks.get(slot, (kind, 0, now))
-        count = count + 1 if last_kind == kind else 1
-        if count < max(1, threshold):
-            self._streaks[slot] = (kind, count, now)
-            return PauseEvent(started=False, free=False, wait=0.0)
-        seen = 1 if slot in self._repeats_only else count
-        return PauseEvent(started=True, free=False, wait=self.pause(slot, kind, now, backoff, rng, seen=seen))
+        seen = 1 if lesson else count
+        wait = self.pause(slot, kind, now, backoff, rng, seen=seen)
+        self._pauses[slot].on_trial = lesson and repeats < threshold
+        return PauseEvent(started=True, free=False, wait=wait)
 
     def pause(
         self, slot: str, kind: str, now: float, backoff: Backoff, rng: Uniform = random, seen: int = 1
@@ -286,10 +311,10 @@ class HostPauses:
 
     def prune(self, before: float) -> int:
         """Forget the streaks and the lessons older than ``before``; pauses stay until answered."""
-        stale = [slot for slot, (_, _, last) in self._streaks.items() if last < before]
+        stale = [slot for slot, (*_, last) in self._streaks.items() if last < before]
         for slot in stale:
             del self._streaks[slot]
-        for lessons in (self._resumed, self._repeats_only):
+        for lessons in (self._resumed, self._repeats_only, self._host_wide):
             old = [slot for slot, when in lessons.items() if when < before]
             for slot in old:
                 del lessons[slot]

@@ -108,7 +108,11 @@ class Pausing:
         board = self.board
         pause = board.pauses.pause_of(slot)
         if pause is not None:
-            event = board.pauses.failed(slot, kind, board.clock(), sent_at(request.meta, self.board.clock()), 1, policy.backoff, self.rng)
+            now = board.clock()
+            event = board.pauses.failed(
+                slot, kind, now, sent_at(request.meta, now), policy.host_down_threshold, policy.backoff, self.rng,
+                repeat=failed_before(request.meta),
+            )
         else:
             event = PauseEvent(True, False, board.pauses.pause(slot, kind, board.clock(), policy.backoff, self.rng))
         self._carry_out(slot, kind, event, why)

@@ -280,3 +280,60 @@ def test_a_run_of_repeated_failures_always_pauses_whatever_was_learnt(steps):
             fail(pauses, now=now, sent_at=now, repeat=step == "repeat")
     pauses.answered("h", now)
     assert [fail(pauses, now=now, sent_at=now, repeat=True).started for _ in range(3)] == [False, False, True]
+
+
+def outage_then_resume(pauses: HostPauses, now: float) -> float:
+    for _ in range(5):
+        pauses.failed("h", "502", now, now, 5, BACKOFF, repeat=False)
+    assert "h" in pauses
+    pauses.answered("h", now + 2.0)
+    return now + 2.0
+
+
+def test_a_fresh_failure_minutes_after_a_pause_ended_does_not_teach_the_per_url_lesson():
+    """The lesson is for a fresh URL failing right after a pause ended, not one broken page 5 minutes later."""
+    pauses = HostPauses()
+    later = outage_then_resume(pauses, 0.0) + 300.0
+    pauses.failed("h", "502", later, later, 5, BACKOFF, repeat=False)  # one broken page
+    for i in range(1, 6):  # a real outage now: the fresh requests in flight fail alike
+        pauses.failed("h", "502", later + i * 0.01, later + i * 0.01, 5, BACKOFF, repeat=False)
+    assert "h" in pauses
+
+
+def test_the_per_url_lesson_is_not_renewed_by_fresh_failures_and_is_forgotten():
+    pauses = HostPauses()
+    t = outage_then_resume(pauses, 0.0)
+    pauses.failed("h", "502", t + 0.1, t + 0.1, 5, BACKOFF, repeat=False)  # the lesson
+    for minute in range(1, 60):  # one broken page a minute, for an hour
+        t = minute * 60.0
+        pauses.prune(t - 600.0)
+        pauses.failed("h", "502", t, t, 5, BACKOFF, repeat=False)
+        pauses.answered("h", t + 1.0)
+    for i in range(1, 6):  # then the host goes down
+        pauses.failed("h", "502", t + 2 + i * 0.01, t + 2 + i * 0.01, 5, BACKOFF, repeat=False)
+    assert "h" in pauses
+
+
+def test_under_the_lesson_a_long_run_of_fresh_failures_with_no_answer_still_pauses():
+    """A real outage after the lesson: every fresh request fails, nothing answers in between."""
+    pauses = HostPauses()
+    t = outage_then_resume(pauses, 0.0)
+    pauses.failed("h", "502", t + 0.1, t + 0.1, 5, BACKOFF, repeat=False)  # the lesson
+    started = [pauses.failed("h", "502", t + 1, t + 1, 5, BACKOFF, repeat=False).started for _ in range(20)]
+    assert started == [False] * 19 + [True]
+
+
+def test_a_run_of_fresh_failures_that_disproves_the_lesson_stops_it_being_taught_again():
+    """A host that flaps (down again right after each pause) looked per-URL once; not twice.
+    A cold cache's run of fresh failures is paused too, but its probe (a retry) gets through."""
+    pauses = HostPauses()
+    t = outage_then_resume(pauses, 0.0)
+    pauses.failed("h", "502", t + 0.1, t + 0.1, 5, BACKOFF, repeat=False)  # the lesson
+    for _ in range(20):
+        pauses.failed("h", "502", t + 1, t + 1, 5, BACKOFF, repeat=False)
+    assert "h" in pauses
+    pauses.failed("h", "502", t + 3, t + 2.5, 5, BACKOFF, repeat=True)  # its probe, a retry, fails too
+    pauses.answered("h", t + 5.0)
+    events = [pauses.failed("h", "502", t + 5.5, t + 5.5, 5, BACKOFF, Top(), repeat=False) for _ in range(5)]
+    assert events[-1].started  # fresh failures right after this pause are an outage again
+    assert events[-1].wait == pytest.approx(5.0)  # one interval per failure, as for any outage
