@@ -25,9 +25,9 @@ from .extension import RetryAfterExtension, SlotCoolingDown
 from .failures import PREVIOUS_WAIT, past_deadline, sent_at, stamp_first_attempt
 from .headers import parse_retry_after
 from .holding import THROTTLES
-from .hostpause import OUTAGE_STATUSES
+from .hostpause import OUTAGE_STATUSES, OWN_PRIORITY, PROBED_OUT
 from .logstats import RetryAfterLogStats
-from .pausing import Pausing
+from .pausing import Pausing, rank_for_probe
 from .policy import Decision, decide
 from .quotawatch import QuotaWatch, announced_wait
 from .retry_reporting import add_seconds, count_retry
@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http import Response
     from typing_extensions import Self
+
+    from .policy import SlotPolicy
 
 __all__ = ["RetryAfterMiddleware"]
 
@@ -75,6 +77,8 @@ class RetryAfterMiddleware:
         self._pausing = Pausing(crawler, extension, self.rng)
         self._free: weakref.WeakSet[Request] = weakref.WeakSet()
         """Throttled while their host was paused: the retry spends none of their throttles."""
+        self._spent_probes: weakref.WeakSet[Request] = weakref.WeakSet()
+        """Probes throttled on their last throttle, held once: they wait at their own priority."""
         self.room = WaitingRoom(crawler, extension)  # without the add-on's queue
 
     @classmethod
@@ -161,8 +165,13 @@ class RetryAfterMiddleware:
             self._pausing.answered(slot)
         elif slot in self.board.pauses:
             # The host is paused: sent before the pause, the failure is the host's (no throttle spent);
-            # a probe's is its own.
-            if self._pausing.pause(request, slot, policy, str(response.status), "").free:
+            # a probe's is its own, but a probe on its last throttle is held while the host stays paused.
+            free = self._pausing.pause(request, slot, policy, str(response.status), "").free
+            last = throttles > self._throttle_limit(request, policy) and not request.meta.get(PROBED_OUT)
+            if not free and last and slot in self.board.pauses:
+                self._spent_probes.add(request)
+                free = True
+            if free:
                 self._free.add(request)
                 self.stats.inc_value("retry_after/paused_retries")
                 throttles -= 1
@@ -257,7 +266,16 @@ class RetryAfterMiddleware:
             return response if parked is None else parked
         self.stats.inc_value("retry_after/retried")
         count_retry(self.stats, response.status)  # Scrapy's retry/count and retry/reason_count/<status>
-        return throttle_retry(request, decision.cooldown, spent=request not in self._free)
+        retry = throttle_retry(request, decision.cooldown, spent=request not in self._free)
+        paused = slot in self.board.pauses
+        if paused or OWN_PRIORITY in request.meta:
+            # Blind failures of a paused host: its probe must be a request that failed before.
+            rank_for_probe(request, retry, paused, request in self._spent_probes)
+        return retry
+
+    def _throttle_limit(self, request: Request, policy: SlotPolicy) -> int:
+        limit = request.meta.get(MAX_RETRIES)
+        return limit if isinstance(limit, int) and not isinstance(limit, bool) else policy.max_retries
 
     def forget_decision(self, request: Request) -> None:
         """The decision made for ``request`` at download time is used up (the ban path)."""

@@ -15,6 +15,7 @@ from scrapy import Request
 from scrapy.utils.request import request_from_dict
 
 from .failures import NOT_BEFORE, PREVIOUS_WAIT, STARTED
+from .hostpause import FAILURES, OWN_PRIORITY, PROBED_OUT, own_priority
 from .parkrecord import ParkRecord, decode_value, encode_value
 
 __all__ = ["PARKED", "PARK_ID", "escape", "rebuild", "serialize"]
@@ -25,6 +26,7 @@ PARKED = "_retry_after_parked"
 TRANSIENT_META = (
     # Attempts, waits and the deadline's start belong to this run: the next one starts afresh.
     "retry_after_throttles", "retry_times", "download_latency", PARKED, STARTED, NOT_BEFORE, PREVIOUS_WAIT,
+    FAILURES, OWN_PRIORITY, PROBED_OUT,
 )
 
 
@@ -35,6 +37,7 @@ def escape(text: str, limit: int = 200) -> str:
 def serialize(request: Request, spider: Any) -> dict[str, Any]:
     """The plain dict a record holds; TypeError or ValueError when the request cannot be one."""
     raw = request.to_dict(spider=spider)
+    raw["priority"] = own_priority(raw["meta"].get(OWN_PRIORITY), request.priority)  # a probe rank is this run's
     raw["meta"] = {key: value for key, value in raw["meta"].items() if key not in TRANSIENT_META}
     encoded: dict[str, Any] = encode_value(raw)
     return encoded

@@ -114,7 +114,7 @@ def _check_request(request: dict[str, Any], url: str) -> None:
     if not isinstance(method, str) or not _METHOD.match(method):
         raise ValueError("request.method is not an HTTP method")
     priority = request.get("priority", 0)
-    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 2**31:
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 2**63:
         raise ValueError("request.priority is not a bounded integer")
     encoding = request.get("encoding", "utf-8")
     if not isinstance(encoding, str) or len(encoding) > 64:

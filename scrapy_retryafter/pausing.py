@@ -14,8 +14,8 @@ import random
 from typing import TYPE_CHECKING
 
 from .eventlog import printable
-from .failures import host_down_wait, sent_at
-from .hostpause import PauseEvent
+from .failures import NOT_BEFORE, host_down_wait, sent_at
+from .hostpause import FAILURES, OWN_PRIORITY, PROBED_OUT, PauseEvent, own_priority, probe_priority
 from .retry_reporting import add_seconds
 
 if TYPE_CHECKING:
@@ -25,9 +25,39 @@ if TYPE_CHECKING:
     from .extension import RetryAfterExtension
     from .policy import SlotPolicy
 
-__all__ = ["Pausing"]
+__all__ = ["Pausing", "failed_before", "rank_for_probe"]
 
 logger = logging.getLogger(__name__)
+
+
+def rank_for_probe(request: Request, retry: Request, paused: bool, spent: bool) -> None:
+    """Count ``request``'s failure on ``retry``; while its host is paused, raise ``retry`` to probe
+    priority (hostpause.probe_priority), else give it back its own priority."""
+    meta = retry.meta
+    failures = _count(meta.get(FAILURES)) + 1
+    meta[FAILURES] = failures
+    own = own_priority(request.meta.get(OWN_PRIORITY), request.priority)
+    own += retry.priority - request.priority  # RETRY_PRIORITY_ADJUST, when this retry applied it
+    if spent:
+        meta[PROBED_OUT] = True
+    if paused:
+        retry.priority = probe_priority(own, failures, spent)
+        meta[OWN_PRIORITY] = [own, retry.priority]
+    else:
+        meta.pop(OWN_PRIORITY, None)
+        retry.priority = own
+
+
+def failed_before(meta: dict[str, object]) -> bool:
+    """The request was retried already (a gateway failure, a throttle): its failure is a repeat."""
+    return any(_count(meta.get(key)) > 0 for key in (FAILURES, "retry_times", "retry_after_throttles"))
+
+
+def _count(value: object, default: int = 0, signed: bool = False) -> int:
+    """A whole number from meta a spider may have set to anything."""
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) > 2**31 or (value < 0 and not signed):
+        return default
+    return value
 
 
 class Pausing:
@@ -41,19 +71,48 @@ class Pausing:
 
     def failed(self, request: Request, slot: str, policy: SlotPolicy, kind: str) -> PauseEvent:
         """A request of ``slot`` failed as ``kind``: count it toward a pause, or move the paused slot's next probe."""
+        now = self.board.clock()
         event = self.board.pauses.failed(
-            slot, kind, self.board.clock(), sent_at(request.meta, self.board.clock()), policy.host_down_threshold, policy.backoff, self.rng
+            slot, kind, now, sent_at(request.meta, now), policy.host_down_threshold, policy.backoff, self.rng,
+            repeat=failed_before(request.meta),
         )
         self._carry_out(slot, kind, event, f"{policy.host_down_threshold} {kind} failures in a row")
         self._cap(slot, policy)
         return event
+
+    def outage_failure(
+        self, request: Request, slot: str, policy: SlotPolicy, kind: str | None, exhausted: bool
+    ) -> tuple[float | None, bool]:
+        """A gateway failure, timeout or reset (``kind``; None: another failure): (seconds to the host's next probe when the request is
+        held for its paused host and spends no retry, else None; whether it was a probe that failed
+        on its last attempt). Such a probe is held once too while the host stays paused (the outage may
+        be the host's); failing so again, its URL is taken for broken and it is given up as stock does."""
+        if kind is None:
+            return None, False
+        event = self.failed(request, slot, policy, kind)
+        spent_probe = exhausted and not (event.free or event.started) and slot in self.board.pauses
+        spent_probe = spent_probe and not request.meta.get(PROBED_OUT)  # held once only
+        if event.free or spent_probe:
+            return self.board.pauses.remaining(slot, self.board.clock()), spent_probe
+        return None, False
+
+    def queue_retry(self, request: Request, retry: Request, slot: str, now: float, wait: float, spent_probe: bool) -> None:
+        """The retry of a gateway failure, timeout or reset: while its host is paused the probe interval
+        spaces it (a backoff of its own would keep the most failed request from being the next probe)."""
+        paused = slot in self.board.pauses
+        retry.meta[NOT_BEFORE] = now if paused else now + wait
+        rank_for_probe(request, retry, paused, spent_probe)
 
     def pause(self, request: Request, slot: str, policy: SlotPolicy, kind: str, why: str) -> PauseEvent:
         """Pause ``slot`` at once (the retry budget is spent), or move its next probe if paused."""
         board = self.board
         pause = board.pauses.pause_of(slot)
         if pause is not None:
-            event = board.pauses.failed(slot, kind, board.clock(), sent_at(request.meta, self.board.clock()), 1, policy.backoff, self.rng)
+            now = board.clock()
+            event = board.pauses.failed(
+                slot, kind, now, sent_at(request.meta, now), policy.host_down_threshold, policy.backoff, self.rng,
+                repeat=failed_before(request.meta),
+            )
         else:
             event = PauseEvent(True, False, board.pauses.pause(slot, kind, board.clock(), policy.backoff, self.rng))
         self._carry_out(slot, kind, event, why)

@@ -221,13 +221,11 @@ class RetryMiddleware(ScrapyRetryMiddleware):
         slot = self._retry_after.slot_of(request)
         policy = self._retry_after.config.policy_for(slot)
         meta = request.meta
-        paused: float | None = None
-        if kind is not None and self._pausing.failed(request, slot, policy, kind).free:
-            paused = self._board.pauses.remaining(slot, self._board.clock())
         attempt = meta.get("retry_times", 0) + 1
-        max_retries = meta.get("max_retry_times", self.max_retry_times)
+        max_retries = meta.get("max_retry_times")
         if max_retries is None:
             max_retries = self.max_retry_times
+        paused, spent_probe = self._pausing.outage_failure(request, slot, policy, kind, attempt > max_retries)
         label = reason if isinstance(reason, str) else type(reason).__name__
         previous = meta.get(PREVIOUS_WAIT)
         now = self._wall()
@@ -264,7 +262,10 @@ class RetryMiddleware(ScrapyRetryMiddleware):
         )
         if retry is None:  # pragma: no cover - the bound was checked above
             return None
-        retry.meta[NOT_BEFORE] = now + decision.wait
+        if kind is None:
+            retry.meta[NOT_BEFORE] = now + decision.wait
+        else:
+            self._pausing.queue_retry(request, retry, slot, now, decision.wait, spent_probe)
         if paused is not None:
             retry.meta["retry_times"] = attempt - 1
             self._stats.inc_value("retry_after/paused_retries")

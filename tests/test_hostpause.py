@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from scrapy_retryafter.backoff import Backoff
 from scrapy_retryafter.board import CooldownBoard
-from scrapy_retryafter.hostpause import HostPauses, exception_kind, probe_interval
+from scrapy_retryafter.hostpause import PROBE_PRIORITY, HostPauses, exception_kind, probe_interval, probe_priority
 from scrapy_retryafter.testing.clock import FakeClock
 
 BACKOFF = Backoff("full", 1.0, 60.0)
@@ -50,8 +50,8 @@ def test_exception_kinds(names, kind):
     assert exception_kind(names) == kind
 
 
-def fail(pauses, kind="502", now=0.0, sent_at=None, threshold=3):
-    return pauses.failed("h", kind, now, now if sent_at is None else sent_at, threshold, BACKOFF, Top())
+def fail(pauses, kind="502", now=0.0, sent_at=None, threshold=3, repeat=True):
+    return pauses.failed("h", kind, now, now if sent_at is None else sent_at, threshold, BACKOFF, Top(), repeat=repeat)
 
 
 def test_threshold_failures_of_one_kind_in_a_row_pause_the_host():
@@ -59,7 +59,8 @@ def test_threshold_failures_of_one_kind_in_a_row_pause_the_host():
     assert [fail(pauses).started for _ in range(2)] == [False, False]
     assert "h" not in pauses
     event = fail(pauses)
-    assert event.started and not event.free and event.wait == pytest.approx(1.0)
+    # The host saw the three failures: the first probe waits one interval for each.
+    assert event.started and not event.free and event.wait == pytest.approx(3.0)
     assert "h" in pauses
 
 
@@ -87,27 +88,63 @@ def test_one_probe_per_interval_and_a_failed_probe_waits_longer():
     pauses = HostPauses()
     for _ in range(3):
         fail(pauses, now=clock.now)
-    assert pauses.ready_at("h", clock.now) == pytest.approx(101.0)
-    clock.now = 101.0
+    assert pauses.ready_at("h", clock.now) == pytest.approx(103.0)
+    clock.now = 103.0
     assert pauses.ready_at("h", clock.now) == 0.0
     pauses.released("h", clock.now)  # the probe leaves
     assert pauses.ready_at("h", clock.now) > clock.now  # nothing else until it is answered
     pauses.released("h", clock.now)
-    clock.now = 101.2
-    event = fail(pauses, now=clock.now, sent_at=101.0)
+    clock.now = 103.2
+    event = fail(pauses, now=clock.now, sent_at=103.0)
     assert not event.free and event.wait == pytest.approx(2.0)  # the probe spends its own retry
-    assert pauses.ready_at("h", clock.now) == pytest.approx(103.2)
+    assert pauses.ready_at("h", clock.now) == pytest.approx(105.2)
 
 
-def test_failures_of_requests_sent_before_the_pause_grow_the_interval_but_never_bring_the_probe_sooner():
+def test_failures_of_requests_sent_before_the_pause_move_the_probe_one_interval_each_never_sooner():
     pauses = HostPauses()
     for _ in range(3):
         fail(pauses, now=10.0, sent_at=9.9)
     first = pauses.ready_at("h", 10.0)
+    assert first == pytest.approx(13.0)
     event = fail(pauses, now=10.01, sent_at=9.95)  # in flight when the pause began
     assert event.free
     assert pauses.ready_at("h", 10.01) >= first
-    assert pauses.ready_at("h", 10.01) == pytest.approx(10.01 + 2.0)
+    assert pauses.ready_at("h", 10.01) == pytest.approx(14.0)
+    assert pauses.pause_of("h").probes == 1  # the burst does not double the probes' interval
+
+
+@pytest.mark.parametrize(("in_flight", "first_probe"), [(5, 5.0), (8, 8.0), (10, 10.0), (16, 10.0), (100, 10.0)])
+def test_a_burst_in_flight_puts_the_first_probe_one_interval_per_request_out_up_to_twice_the_threshold(
+    in_flight, first_probe
+):
+    """A one-second blip with 16 requests in flight once put the first probe 55 s out (doubling per request)."""
+    pauses = HostPauses()
+    for _ in range(in_flight):
+        fail(pauses, now=0.5, sent_at=0.0, threshold=5)
+    assert pauses.ready_at("h", 0.5) == pytest.approx(0.5 + first_probe)
+
+
+@pytest.mark.parametrize(
+    ("base", "failures", "spent", "priority"),
+    [
+        (0, 1, False, PROBE_PRIORITY),
+        (-2, 3, False, 3 * PROBE_PRIORITY - 2),  # the most failed first, whatever retries took off
+        (-1, 2, False, 2 * PROBE_PRIORITY - 1),
+        (5, 4, True, 5),  # its last attempt failed as a probe: an always-failing URL can't hold the host
+        (0, 10**9, False, 1000 * PROBE_PRIORITY),  # bounded
+        (0, -7, False, PROBE_PRIORITY),
+    ],
+)
+def test_the_probe_is_a_request_that_failed_before_most_failed_first(base, failures, spent, priority):
+    assert probe_priority(base, failures, spent) == priority
+
+
+@given(st.integers(-(2**16), 2**16), st.integers(1, 1000), st.integers(1, 1000), st.integers(0, 50))
+def test_more_failures_probe_first_though_each_retry_lowered_the_priority(base, fewer, more, adjusted):
+    """A request's own priority drops by RETRY_PRIORITY_ADJUST on each retry; failures still rank first."""
+    fewer, more = sorted((fewer, more))
+    assert probe_priority(base - adjusted, more, False) >= probe_priority(base, fewer, False) or more == fewer
+    assert probe_priority(base, fewer, False) > base
 
 
 def test_an_answer_ends_the_pause_and_says_how_long_it_lasted():
@@ -193,3 +230,110 @@ def test_a_failure_while_the_host_is_paused_spends_no_retry_but_keeps_method_and
     assert (decision.retry, decision.gave_up) == (retry, gave_up)
     if retry:
         assert decision.wait == 0.0
+
+
+def test_a_fresh_url_failing_after_a_pause_ended_teaches_that_the_failures_are_per_url():
+    pauses = HostPauses()
+    for _ in range(3):
+        fail(pauses, now=0.0, repeat=False)
+    assert "h" in pauses  # before any lesson, fresh failures of one kind are an outage
+    pauses.answered("h", 5.0)  # the probe (a request that failed before) got through
+    # Fresh URLs fail again while the host answers: their first attempts, not the host.
+    for i in range(10):
+        event = fail(pauses, now=5.1 + i / 100, repeat=False)
+        assert not event.started and not event.free and event.wait == 0.0
+    assert "h" not in pauses
+    # The same URLs failing again still pause the host, first probe one interval out.
+    events = [fail(pauses, now=6.0, repeat=True) for _ in range(3)]
+    assert events[-1].started and events[-1].wait == pytest.approx(1.0)
+    # In flight meanwhile: a fresh URL's failure is held but does not move the probe.
+    assert fail(pauses, now=6.1, sent_at=5.9, repeat=False).free
+    assert pauses.ready_at("h", 6.1) == pytest.approx(7.0)
+    assert fail(pauses, now=6.1, sent_at=5.9, repeat=True).free
+    assert pauses.ready_at("h", 6.1) == pytest.approx(8.0)
+
+
+def test_without_a_pause_that_ended_fresh_failures_still_pause_and_lessons_are_forgotten():
+    pauses = HostPauses()
+    pauses.answered("h", 0.0)  # never paused: nothing learnt
+    assert fail(pauses, now=1.0, repeat=False).wait == 0.0
+    fail(pauses, now=1.0, repeat=False)
+    assert fail(pauses, now=1.0, repeat=False).started
+    pauses.answered("h", 2.0)
+    fail(pauses, now=2.5, repeat=False)  # the lesson
+    assert "h" in list(pauses)
+    assert pauses.prune(before=100.0) == 1
+    assert list(pauses) == []
+    events = [fail(pauses, now=200.0, repeat=False) for _ in range(3)]
+    assert events[-1].started  # forgotten: an outage again
+
+
+@given(st.lists(st.tuples(st.sampled_from(["fresh", "repeat", "answer"]), st.floats(0, 2)), max_size=80))
+def test_a_run_of_repeated_failures_always_pauses_whatever_was_learnt(steps):
+    pauses = HostPauses()
+    now = 0.0
+    for step, dt in steps:
+        now += dt
+        if step == "answer":
+            pauses.answered("h", now)
+        else:
+            fail(pauses, now=now, sent_at=now, repeat=step == "repeat")
+    pauses.answered("h", now)
+    assert [fail(pauses, now=now, sent_at=now, repeat=True).started for _ in range(3)] == [False, False, True]
+
+
+def outage_then_resume(pauses: HostPauses, now: float) -> float:
+    for _ in range(5):
+        pauses.failed("h", "502", now, now, 5, BACKOFF, repeat=False)
+    assert "h" in pauses
+    pauses.answered("h", now + 2.0)
+    return now + 2.0
+
+
+def test_a_fresh_failure_minutes_after_a_pause_ended_does_not_teach_the_per_url_lesson():
+    """The lesson is for a fresh URL failing right after a pause ended, not one broken page 5 minutes later."""
+    pauses = HostPauses()
+    later = outage_then_resume(pauses, 0.0) + 300.0
+    pauses.failed("h", "502", later, later, 5, BACKOFF, repeat=False)  # one broken page
+    for i in range(1, 6):  # a real outage now: the fresh requests in flight fail alike
+        pauses.failed("h", "502", later + i * 0.01, later + i * 0.01, 5, BACKOFF, repeat=False)
+    assert "h" in pauses
+
+
+def test_the_per_url_lesson_is_not_renewed_by_fresh_failures_and_is_forgotten():
+    pauses = HostPauses()
+    t = outage_then_resume(pauses, 0.0)
+    pauses.failed("h", "502", t + 0.1, t + 0.1, 5, BACKOFF, repeat=False)  # the lesson
+    for minute in range(1, 60):  # one broken page a minute, for an hour
+        t = minute * 60.0
+        pauses.prune(t - 600.0)
+        pauses.failed("h", "502", t, t, 5, BACKOFF, repeat=False)
+        pauses.answered("h", t + 1.0)
+    for i in range(1, 6):  # then the host goes down
+        pauses.failed("h", "502", t + 2 + i * 0.01, t + 2 + i * 0.01, 5, BACKOFF, repeat=False)
+    assert "h" in pauses
+
+
+def test_under_the_lesson_a_long_run_of_fresh_failures_with_no_answer_still_pauses():
+    """A real outage after the lesson: every fresh request fails, nothing answers in between."""
+    pauses = HostPauses()
+    t = outage_then_resume(pauses, 0.0)
+    pauses.failed("h", "502", t + 0.1, t + 0.1, 5, BACKOFF, repeat=False)  # the lesson
+    started = [pauses.failed("h", "502", t + 1, t + 1, 5, BACKOFF, repeat=False).started for _ in range(20)]
+    assert started == [False] * 19 + [True]
+
+
+def test_a_run_of_fresh_failures_that_disproves_the_lesson_stops_it_being_taught_again():
+    """A host that flaps (down again right after each pause) looked per-URL once; not twice.
+    A cold cache's run of fresh failures is paused too, but its probe (a retry) gets through."""
+    pauses = HostPauses()
+    t = outage_then_resume(pauses, 0.0)
+    pauses.failed("h", "502", t + 0.1, t + 0.1, 5, BACKOFF, repeat=False)  # the lesson
+    for _ in range(20):
+        pauses.failed("h", "502", t + 1, t + 1, 5, BACKOFF, repeat=False)
+    assert "h" in pauses
+    pauses.failed("h", "502", t + 3, t + 2.5, 5, BACKOFF, repeat=True)  # its probe, a retry, fails too
+    pauses.answered("h", t + 5.0)
+    events = [pauses.failed("h", "502", t + 5.5, t + 5.5, 5, BACKOFF, Top(), repeat=False) for _ in range(5)]
+    assert events[-1].started  # fresh failures right after this pause are an outage again
+    assert events[-1].wait == pytest.approx(5.0)  # one interval per failure, as for any outage

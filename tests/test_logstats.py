@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
@@ -275,3 +276,25 @@ async def test_the_live_view_shows_what_was_sent_apart_from_what_the_pace_allows
         assert sent <= 2 / 0.25 * 1.5  # what two connections at 0.25 s can carry, with an interval's slack
         assert allowed >= 30.0  # the announced quota, far above what is sent
     assert max(sent for sent, _, _ in shown) >= 4.0
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_github_style_hourly_quota_crawl_logs_no_error_and_shows_its_pace(server, caplog, tmp_path):
+    # X-RateLimit-Limit/-Remaining with an epoch Reset an hour out, 100 an hour, 150 wanted: the budget
+    # does not cover them, so the quota paces the slot (once one ERROR traceback per response).
+    host = server.add_host(HostConfig(rate=100 / 3600, window=3600.0, ratelimit="x-epoch"))
+    server.start()
+    park_file = tmp_path / "parked.jsonl"
+    settings = {
+        **ADDON, "RETRY_AFTER_LOGSTATS_INTERVAL": 0.5, "CLOSESPIDER_TIMEOUT": 3, "RETRY_AFTER_PARK_FILE": str(park_file),
+    }
+    urls = [host.url(f"/{i}") for i in range(150)]
+    with caplog.at_level(logging.INFO):
+        crawler = await crawl([Request(url) for url in urls], settings)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    rates = [float(m[1]) for line in held_back_lines(caplog) if (m := re.search(r"pace allows ([\d.]+) requests/s", line))]
+    assert rates, held_back_lines(caplog)
+    assert all(0.01 <= rate <= 0.1 for rate in rates), rates  # about 100 left over the hour
+    assert not server.arrivals(host, status=429)
+    parked = {json.loads(line)["url"] for line in park_file.read_text().splitlines()} if park_file.exists() else set()
+    assert {url for url, _ in crawler.spider.seen} | parked == set(urls)  # nothing lost at close
