@@ -183,9 +183,7 @@ class RetryMiddleware(ScrapyRetryMiddleware):
 
     def _retry_response(self, request: Request, response: Response, spider: Spider | None) -> Request | Response:
         status = response.status
-        slot = request.meta.get("download_slot")  # written by the downloader before the answer
-        if slot is None:
-            slot = self._retry_after.slot_of(request)
+        slot = self._retry_after.slot_of(request)
         if self._board.streaks:
             self._board.streaks.reached(slot)
         if status in self._retry_after.codes and owned_by_retry_after(self._retry_after, request, status):
