@@ -27,7 +27,7 @@ Pure: an injected clock, no Scrapy, no Twisted.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +71,9 @@ class EventLog:
         self.grace = grace
         self.keep = keep
         self._events: dict[Hashable, _Event] = {}
+        self.kept: Mapping[Hashable, object] = self._events
+        """The events kept, by key (read only): empty when none is open, which the middleware
+        checks per answer at a dict's cost (``len()`` is a Python call)."""
 
     def __len__(self) -> int:
         return len(self._events)

@@ -30,6 +30,7 @@ from .logstats import RetryAfterLogStats
 from .pausing import Pausing, rank_for_probe
 from .policy import Decision, decide
 from .quotawatch import QuotaWatch, announced_wait
+from .ratelimit import speaks_ratelimit
 from .retry_reporting import add_seconds, count_retry
 from .slot_events import SlotEvents
 from .slotfloors import SlotFloors
@@ -61,6 +62,8 @@ class RetryAfterMiddleware:
         self.stats = crawler.stats
         self.rng = random.Random()
         self._all_codes = self.config.all_codes
+        self._slot_policies, self._default_policy = self.config.slots, self.config.default
+        """``config.policy_for`` without a call, for the per-answer path."""
         self.give_up = extension.give_up
         self.events = SlotEvents(crawler, extension)
         self._watch_responses = any(
@@ -100,6 +103,8 @@ class RetryAfterMiddleware:
         self, request: Request, spider: Spider | None = None
     ) -> Coroutine[Any, Any, Request | None] | Request | None:
         stamp_first_attempt(request.meta, time.time, self._deadlines)
+        if self.board.holds_none():  # nothing throttled: no slot to compute (the downloader has not keyed it yet)
+            return None
         slot = self.extension.slot_of(request)
         if slot not in self.board:
             return None
@@ -122,25 +127,29 @@ class RetryAfterMiddleware:
             if self.throttle(request, response) is None:
                 self.extension.tally.responded(self.extension.slot_of(request))
             return
-        slot = self.extension.slot_of(request)
+        slot = request.meta.get("download_slot")  # written by the downloader before this signal
+        if slot is None:
+            slot = self.extension.slot_of(request)
         self.extension.tally.responded(slot)
-        if self.events.lines:  # a burst is open somewhere: this answer may close it
+        if self.events.lines.kept:  # a burst is open somewhere: this answer may close it
             self.events.answered(slot, sent_at(request.meta, self.board.clock()))
         if response.status not in OUTAGE_STATUSES:
             self._pausing.answered(slot)
-        policy = self.config.policy_for(slot)
-        if slot in self.board and self.board.success(slot, policy.budget_token_ratio, policy.budget_max_tokens):
+        policy = self._slot_policies.get(slot, self._default_policy)
+        board = self.board
+        if slot in board and board.success(slot, policy.budget_token_ratio, policy.budget_max_tokens):
             self.events.circuit_closed(slot)
         if not self._watch_responses:
             return
         if policy.adaptive:
-            before = self.board.rate(slot)
-            if self.board.succeeded(slot):
+            before = board.rate(slot)
+            if board.succeeded(slot):
                 self.extension.sooner(slot)
-            after = self.board.rate(slot)
-            if after is not None and before is not None and after > before:
-                self.events.pace_rose(slot, after)
-        if policy.ratelimit_headers:
+            if before is not None:  # without a pace before, no rise to tell of
+                after = board.rate(slot)
+                if after is not None and after > before:
+                    self.events.pace_rose(slot, after)
+        if policy.ratelimit_headers and speaks_ratelimit(response.headers):
             self.quotas.read(slot, policy, response, request)
 
     def throttle(

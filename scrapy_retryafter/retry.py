@@ -186,7 +186,7 @@ class RetryMiddleware(ScrapyRetryMiddleware):
         slot = self._retry_after.slot_of(request)
         if self._board.streaks:
             self._board.streaks.reached(slot)
-        if owned_by_retry_after(self._retry_after, request, status):
+        if status in self._retry_after.codes and owned_by_retry_after(self._retry_after, request, status):
             return response  # a throttle: RetryAfterMiddleware decides whether the host answered
         outage = status in OUTAGE_STATUSES and status in self.retry_http_codes
         if not outage:

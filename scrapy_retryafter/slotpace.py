@@ -30,10 +30,11 @@ class SlotPaces(SlotTable):
         meter = self._meters.get(slot)
         if meter is None:
             meter = self._meters[slot] = Meter(now)
-        measured = meter.tick(now) * self.share(slot)
+        measured = meter.tick(now)
         state = self._slots.get(slot)
         if state is None or state.pace is None:
             return False
+        measured *= self.share(slot)
         before = state.pace.rate
         after = state.pace.succeeded(measured, now)
         state.last_seen = now

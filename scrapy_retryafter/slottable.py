@@ -47,6 +47,11 @@ class SlotTable:
     def __contains__(self, slot: str) -> bool:
         return slot in self._slots
 
+    def holds_none(self) -> bool:
+        """``slot in board`` is False for every slot: one check instead of computing a request's slot
+        (the middleware asks it per request). A fleet board may learn of a slot when asked: never True there."""
+        return not self._slots
+
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._slots))
 

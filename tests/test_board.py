@@ -438,3 +438,13 @@ def test_next_release_monotone_in_u(start, width, left, u1, u2):
     end = start + width
     lo, hi = sorted((u1, u2))
     assert next_release(start, end, left, lo) <= next_release(start, end, left, hi)
+
+
+def test_holds_none_is_true_exactly_while_no_slot_is_in_the_board(board, clock):
+    """The middleware skips computing a request's slot on it: it must agree with ``in``."""
+    assert board.holds_none() and "a.example" not in board
+    board.cool("a.example", 2.0)
+    assert not board.holds_none() and "a.example" in board
+    clock.now += 3
+    board.sweep()
+    assert board.holds_none() and "a.example" not in board

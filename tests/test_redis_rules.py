@@ -632,3 +632,11 @@ def test_a_host_the_fleet_already_heard_from_opens_at_the_first_answer_and_a_sil
     assert board.ready_at("silent.example") > clock.now
     clock.now += 11  # nobody had an answer: the host-down rules take it from here
     assert board.ready_at("silent.example") == 0.0
+
+
+def test_a_fleet_board_never_holds_none_since_asking_teaches_it_a_slot(fleet, clock):
+    board, exchange, heard = fleet
+    exchange_once(board, exchange, reply_of(cooldowns={"h1": 20.0}, snapshot=True))
+    assert len(board) == 0
+    assert not board.holds_none()  # the fleet cools h1: a request to it must be asked about
+    assert "h1" in board

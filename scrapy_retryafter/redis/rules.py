@@ -39,6 +39,9 @@ class FleetRules(FleetFacts):
     def __contains__(self, slot: str) -> bool:
         return self._holds(slot)
 
+    def holds_none(self) -> bool:
+        return False  # a slot met for the first time is asked about (``_holds``)
+
     def _holds(self, slot: str) -> bool:
         """``slot in board``; a slot met for the first time is asked about: the fleet may know its pace.
 
