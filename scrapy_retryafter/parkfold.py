@@ -161,7 +161,9 @@ class Fold:
                 yield record_id
 
 
-LINE, LONG, TORN = "line", "long", "torn"
+LINE, LONG, TORN, TORN_LONG = "line", "long", "torn", "torn-long"
+TAIL = (TORN, TORN_LONG)
+"""Kinds of a last line without its newline: a later append may still end it."""
 
 
 def _lines(fd: int, offset: int, complete: bool, end: int | None = None) -> Iterator[tuple[bytes, int, str]]:
@@ -169,7 +171,8 @@ def _lines(fd: int, offset: int, complete: bool, end: int | None = None) -> Iter
 
     A last line without its newline is yielded (as TORN) only when
     ``complete`` (under the lock: a torn write); otherwise a writer may still
-    be at it. A line over MAX_LINE is yielded as its head (LONG).
+    be at it. A line over MAX_LINE is yielded as its head (LONG, or
+    TORN_LONG when it is that last line).
     """
     pending = b""
     skipping = False
@@ -202,16 +205,21 @@ def _lines(fd: int, offset: int, complete: bool, end: int | None = None) -> Iter
             if len(pending) > MAX_LINE:
                 pending, skipping = pending[:_TORN_HEAD], True
     if pending and complete:
-        yield pending, position, LONG if skipping else TORN
+        yield pending, position, TORN_LONG if skipping else TORN
 
 
 def _apply_line(fold: Fold, line: bytes, kind: str, end: int | None = None) -> None:
-    if kind == LONG:
-        fold.bad.append(Bad(line + b"...\n", f"a line longer than {MAX_LINE} bytes"))
-    elif kind == TORN:
-        fold.bad.append(Bad(line + b"\n", "torn line (no newline at the end)"))
-    else:
+    if kind == LINE:
         fold.apply(line, end)
+    else:
+        fold.bad.append(bad_line(line, kind))
+
+
+def bad_line(line: bytes, kind: str) -> Bad:
+    """What a line that is not one (too long, or torn) is set aside as."""
+    if kind in (LONG, TORN_LONG):
+        return Bad(line + b"...\n", f"a line longer than {MAX_LINE} bytes")
+    return Bad(line + b"\n", "torn line (no newline at the end)")
 
 
 def summarize(entries: Iterable[Entry]) -> Iterator[tuple[str, int, dict[str, int], float]]:

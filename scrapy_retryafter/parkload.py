@@ -40,9 +40,9 @@ logger = logging.getLogger("scrapy_retryafter.parking")
 _SLICE = 0.003
 """Seconds of rebuilding or crawling per loop turn."""
 CLAIM_RECORDS = 10_000
-"""Records per claim. Each claim folds the whole file again (about 1 s of worker time at
-100,000 records): 10,000 keeps that to ten folds per 100,000 waiting, while a process starting
-a moment later still finds most of a large backlog free."""
+"""Records per claim. A claim reads only what was appended since the last (``parkkept``), but
+after a compaction (by any process) it folds the whole file again (about 1 s of worker time at
+100,000 records), while a process starting a moment later still finds most of a large backlog free."""
 CLAIM_BYTES = 32 * 1024 * 1024
 """Bytes of record lines per claim: the memory a batch may hold (records with large bodies
 make smaller batches). A single record over it (up to MAX_LINE) is claimed alone."""
