@@ -111,15 +111,15 @@ def fold_then_lock(log: LockedFile, dir_fd: int, kept: KeptFold | None) -> tuple
     except BaseException:
         current.close()
         raise
-    fresh: KeptFold | None = current
+    owned: KeptFold | None = current
     try:
         if not current.covers(locked):
-            fresh = None
+            owned = None
             current.close()
-            fresh = _reopen(log, dir_fd, locked)  # compacted or rewritten meanwhile: all of it under the lock
-        return locked, fresh, fresh.read(locked, complete=True)
+            current = owned = _reopen(log, dir_fd, locked)  # compacted or rewritten meanwhile: all of it under the lock
+        return locked, current, current.read(locked, complete=True)
     except BaseException:
-        if fresh is not None:
-            fresh.close()
+        if owned is not None:
+            owned.close()
         os.close(locked)
         raise
