@@ -32,6 +32,9 @@ from .parkowner import Owner, this_process_owner
 
 _STALE_TEMPORARY = 3600.0
 _CHILD_TIMEOUT = 600.0
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_CHILD_DISK_FULL = 3
+"""The child's exit status for a full disk (or quota): the parent raises ENOSPC, not EIO."""
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CHILD = (
     "import sys; sys.path.append(sys.argv[1]); "
@@ -130,7 +133,8 @@ class CompactingLog(LockedFile):
             return self.compact()
         if child.returncode != 0:
             why = child.stderr.decode("ascii", "replace").strip().splitlines()[-1:] or [f"exit {child.returncode}"]
-            raise ParkFileError(errno.EIO, f"could not compact {self.path}: {why[0][:500]}")
+            code = errno.ENOSPC if child.returncode == _CHILD_DISK_FULL else errno.EIO
+            raise ParkFileError(code, f"could not compact {self.path}: {why[0][:500]}")
         try:
             return int(child.stdout.strip() or 0)
         except ValueError:
@@ -270,5 +274,5 @@ def _child_main(path: str, trusted_uid: str = "") -> int:
         print(log.compact())
     except (OSError, ValueError) as error:
         print(f"{type(error).__name__}: {error}", file=sys.stderr)
-        return 1
+        return _CHILD_DISK_FULL if isinstance(error, OSError) and error.errno in _DISK_FULL else 1
     return 0

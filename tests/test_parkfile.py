@@ -267,8 +267,9 @@ def test_on_a_full_disk_every_record_is_whole_or_refused_and_compaction_leaves_n
         # Compaction needs a second copy: on the full disk it fails and removes its temporary file.
         with pytest.raises(OSError):
             lot.compact()
-        with pytest.raises(ParkFileError, match="could not compact"):
+        with pytest.raises(ParkFileError, match="could not compact") as failed:
             lot.compact_apart()  # the same in the child process a crawl compacts in
+        assert failed.value.errno == errno.ENOSPC  # a full disk, told apart from other failures
         assert _urls(lot.read()) == sorted(kept)
     assert sorted(os.listdir(small_disk)) == ["parked.jsonl"]
     assert _urls(read_log(path)) == sorted(kept)
