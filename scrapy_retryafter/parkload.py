@@ -11,6 +11,7 @@ request only when due, a few milliseconds of them per loop turn.
 
 from __future__ import annotations
 
+import errno
 import functools
 import heapq
 import itertools
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from .parkworker import ParkWorker
     from .settings import Config
 
-__all__ = ["ParkLoader"]
+__all__ = ["ParkLoader", "update_failed"]
 
 logger = logging.getLogger("scrapy_retryafter.parking")
 
@@ -50,6 +51,30 @@ REFILL_BELOW = CLAIM_RECORDS // 4
 """The next batch is claimed when fewer loaded requests than this are waiting or in the crawl."""
 _WARNINGS = 20
 """Set-aside lines named one WARNING each; past these, one line counts the rest."""
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def update_failed(path: object, error: BaseException, spider: object, told: list[bool],
+                  compaction: bool = False) -> None:
+    """One ERROR for a failed update of the park file. A compaction that fails on a full disk
+    leaves the file as it is (every record and removal in it stands) and is tried again later:
+    that is said once per run (``told``), not at every try."""
+    if compaction and isinstance(error, OSError) and error.errno in _DISK_FULL:
+        if not told[0]:
+            told[0] = True
+            logger.error(
+                "Park file %(path)s could not be compacted, the disk is full (%(error)s): it stays as it is, "
+                "nothing in it is lost, and compaction is tried again later (said once per run)",
+                {"path": path, "error": error}, extra={"spider": spider},
+            )
+        return
+    logger.error(
+        "Park file %(path)s could not be updated (%(error)s): handled records stay and may be "
+        "fetched again by a later run",
+        {"path": path, "error": error}, extra={"spider": spider},
+    )
 
 
 def _free_piecewise(items: list[Any]) -> None:

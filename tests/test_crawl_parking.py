@@ -328,6 +328,34 @@ async def test_on_a_full_disk_every_request_is_parked_whole_or_reaches_the_errba
     assert sorted(os.listdir(small_disk)) == ["parked.jsonl", "retry_after.hosts.json", "retry_after.hosts.json.lock"]
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_compaction_on_a_full_disk_leaves_the_file_as_it_is_and_is_told_once(server, small_disk, monkeypatch, caplog):
+    from scrapy_retryafter import parking
+    from scrapy_retryafter.parkfile import ParkRecord, read_log
+
+    monkeypatch.setattr(parking, "_FLUSH_INTERVAL", 0.2)
+    monkeypatch.setattr(parking, "_COMPACT_AFTER", 1)  # a compaction tried at every flush
+    free = server.add_host(HostConfig())
+    server.start()
+    park_file = small_disk / "parked.jsonl"
+    urls = [free.url(f"/{i}") for i in range(12)]
+    with ParkFile(park_file) as lot:
+        lot.add_many([ParkRecord(url=url, slot="127.0.0.1", reason="over_cap", detail="x" * 600, attempts=1,
+                                 not_before=time.time() - 1, request=None) for url in urls])
+    room = os.statvfs(small_disk)
+    filler = small_disk / "filler"
+    filler.write_bytes(b"x" * (room.f_bavail * room.f_frsize))  # removals fit in the file's last page, a copy not
+    settings = {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file), "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+                "RETRY_AFTER_HOST_STATE": False, "DOWNLOAD_DELAY": 0.2}  # about a dozen flushes
+    crawler = await crawl([], settings)
+    assert sorted(url for url, _ in crawler.spider.seen) == sorted(urls)
+    assert sorted(a.path for a in server.arrivals(free, status=200)) == sorted(f"/{i}" for i in range(12))
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "the disk is full" in errors[0], errors  # tried at every flush, told once
+    assert read_log(park_file).records == {}  # every removal landed (the last compaction, to nothing, removes the file)
+    assert sorted(os.listdir(small_disk)) in (["filler"], ["filler", "parked.jsonl"])  # no temporary file
+
+
 # -- hostile records ---------------------------------------------------------------------------
 
 
