@@ -85,7 +85,13 @@ class CompactingLog(LockedFile):
         dir_fd = self._dir(True)
         assert dir_fd is not None
         try:
-            fd = self._open_in(dir_fd, self.torn_path.name, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            try:
+                fd = self._open_in(dir_fd, self.torn_path.name, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            except OSError as error:
+                planted = isinstance(error, ParkFileError) or error.errno in (errno.EACCES, errno.EPERM)
+                if not planted or self.torn_refused is not None:
+                    raise
+                fd = self._torn_elsewhere(dir_fd, str(error))
             try:
                 self._write_all(fd, b"".join(item.line if item.line.endswith(b"\n") else item.line + b"\n" for item in bad))
                 self._fsync(fd)
@@ -93,6 +99,20 @@ class CompactingLog(LockedFile):
                 os.close(fd)
         finally:
             os.close(dir_fd)
+
+    def _torn_elsewhere(self, dir_fd: int, why: str) -> int:
+        """A set-aside file of our own (``FILE.XXXXXXXX.torn``, made with O_EXCL) when ``FILE.torn``
+        is refused: one planted by another user in a shared directory must not stop set-aside."""
+        fd, name = tempfile.mkstemp(prefix=f"{self.path.name}.", suffix=".torn", dir=self.path.parent)
+        try:
+            created = os.stat(os.path.basename(name), dir_fd=dir_fd, follow_symlinks=False)
+            if _identity(created) != _identity(os.fstat(fd)):
+                raise ParkFileError(errno.EXDEV, f"{self.path.parent} changed while setting lines aside")
+        except BaseException:
+            os.close(fd)
+            raise
+        self.torn_refused, self._torn_name = why, os.path.basename(name)
+        return fd
 
     def compact(self, release_own: bool = False) -> int:
         """Rewrite the log as its live records and live claims; remove it when nothing is left.

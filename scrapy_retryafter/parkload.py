@@ -288,8 +288,15 @@ class ParkLoader:
         del waiting
 
     def _set_aside(self, refused: list[Bad]) -> None:
+        named = self.file.torn_path.name
         self.file.set_aside(refused)
-        self.file.compact()
+        self.file.compact()  # sets aside the lines the claim found
+        if self.file.torn_path.name != named:
+            logger.warning(
+                "Park file %(path)s: %(named)s was refused (%(why)s); lines named as set aside there are in %(torn)s",
+                {"path": self.file.path, "named": named, "why": self.file.torn_refused, "torn": self.file.torn_path.name},
+                extra={"spider": self.crawler.spider},
+            )
 
     def _set_aside_failed(self, result: Any, error: BaseException | None) -> None:
         if error is not None:

@@ -368,6 +368,29 @@ def _hostile(park_file: Path, **fields) -> None:
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_torn_file_planted_by_another_user_sends_set_aside_lines_to_a_file_of_our_own(server, tmp_path, caplog):
+    if os.geteuid() != 0:
+        pytest.skip("making a file of another user needs root")
+    host = server.add_host(HostConfig())
+    server.start()
+    park_file = tmp_path / "parked.jsonl"
+    planted = tmp_path / "parked.jsonl.torn"
+    planted.write_text("planted\n")
+    os.chown(planted, 54321, 54321)
+    good = host.url("/good")
+    _hostile(park_file, id="good", url=good, request={"url": good, "callback": "parse", "method": "GET"})
+    _hostile(park_file, id="data", url="data:text/plain,the data URL's contents")
+    crawler = await crawl([], {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file)})
+    assert crawler.spider.seen == [(good, 200)]
+    ours = [name for name in os.listdir(tmp_path) if name.endswith(".torn") and name != planted.name]
+    assert len(ours) == 1 and '"id": "data"' in (tmp_path / ours[0]).read_text()
+    assert planted.read_text() == "planted\n"
+    told = [r.getMessage() for r in caplog.records if "was refused" in r.getMessage()]
+    assert len(told) == 1 and ours[0] in told[0] and "parked.jsonl.torn was refused" in told[0], told
+    assert not park_file.exists()  # the good record handled, the bad one set aside: nothing left
+
+
+@pytest_twisted.ensureDeferred
 async def test_hostile_records_are_set_aside_with_a_warning_and_never_run(server, tmp_path, caplog, capsys):
     host = server.add_host(HostConfig())
     server.start()
