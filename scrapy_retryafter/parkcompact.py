@@ -32,6 +32,9 @@ from .parkowner import Owner, this_process_owner
 
 _STALE_TEMPORARY = 3600.0
 _CHILD_TIMEOUT = 600.0
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_CHILD_DISK_FULL = 3
+"""The child's exit status for a full disk (or quota): the parent raises ENOSPC, not EIO."""
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CHILD = (
     "import sys; sys.path.append(sys.argv[1]); "
@@ -82,7 +85,13 @@ class CompactingLog(LockedFile):
         dir_fd = self._dir(True)
         assert dir_fd is not None
         try:
-            fd = self._open_in(dir_fd, self.torn_path.name, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            try:
+                fd = self._open_in(dir_fd, self.torn_path.name, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            except OSError as error:
+                planted = isinstance(error, ParkFileError) or error.errno in (errno.EACCES, errno.EPERM)
+                if not planted or self.torn_refused is not None:
+                    raise
+                fd = self._torn_elsewhere(dir_fd, str(error))
             try:
                 self._write_all(fd, b"".join(item.line if item.line.endswith(b"\n") else item.line + b"\n" for item in bad))
                 self._fsync(fd)
@@ -90,6 +99,20 @@ class CompactingLog(LockedFile):
                 os.close(fd)
         finally:
             os.close(dir_fd)
+
+    def _torn_elsewhere(self, dir_fd: int, why: str) -> int:
+        """A set-aside file of our own (``FILE.XXXXXXXX.torn``, made with O_EXCL) when ``FILE.torn``
+        is refused: one planted by another user in a shared directory must not stop set-aside."""
+        fd, name = tempfile.mkstemp(prefix=f"{self.path.name}.", suffix=".torn", dir=self.path.parent)
+        try:
+            created = os.stat(os.path.basename(name), dir_fd=dir_fd, follow_symlinks=False)
+            if _identity(created) != _identity(os.fstat(fd)):
+                raise ParkFileError(errno.EXDEV, f"{self.path.parent} changed while setting lines aside")
+        except BaseException:
+            os.close(fd)
+            raise
+        self.torn_refused, self._torn_name = why, os.path.basename(name)
+        return fd
 
     def compact(self, release_own: bool = False) -> int:
         """Rewrite the log as its live records and live claims; remove it when nothing is left.
@@ -130,7 +153,8 @@ class CompactingLog(LockedFile):
             return self.compact()
         if child.returncode != 0:
             why = child.stderr.decode("ascii", "replace").strip().splitlines()[-1:] or [f"exit {child.returncode}"]
-            raise ParkFileError(errno.EIO, f"could not compact {self.path}: {why[0][:500]}")
+            code = errno.ENOSPC if child.returncode == _CHILD_DISK_FULL else errno.EIO
+            raise ParkFileError(code, f"could not compact {self.path}: {why[0][:500]}")
         try:
             return int(child.stdout.strip() or 0)
         except ValueError:
@@ -270,5 +294,5 @@ def _child_main(path: str, trusted_uid: str = "") -> int:
         print(log.compact())
     except (OSError, ValueError) as error:
         print(f"{type(error).__name__}: {error}", file=sys.stderr)
-        return 1
+        return _CHILD_DISK_FULL if isinstance(error, OSError) and error.errno in _DISK_FULL else 1
     return 0

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 from .parkcompact import CompactingLog
 from .parkfold import MAX_LINE, Bad, Entry, Fold, _apply_line, _lines, summarize
+from .parkkept import KeptFold, fold_then_lock
 from .parklock import (
     ParkFileError,
     _committed,
@@ -91,6 +92,7 @@ class ParkFile(CompactingLog):
         trusted_uid: int | None = None,
     ) -> None:
         super().__init__(path, setting=setting, write=write, fsync=fsync, trusted_uid=trusted_uid)
+        self._kept: KeptFold | None = None
         _live_handles[self.owner.nonce] = self
 
     def __enter__(self) -> ParkFile:
@@ -102,6 +104,10 @@ class ParkFile(CompactingLog):
     def close(self) -> None:
         """Claims this handle still holds are free for others from now on."""
         _live_handles.pop(self.owner.nonce, None)
+        with self._mutex:
+            kept, self._kept = self._kept, None
+        if kept is not None:
+            kept.close()
 
     def add(self, record: ParkRecord) -> None:
         self.add_many([record])
@@ -193,31 +199,56 @@ class ParkFile(CompactingLog):
         around reading the tail, choosing and appending the claim. With
         ``parse=False`` the claimed records come back as their lines (bytes: no
         objects for the garbage collector to walk), each already checked by the
-        fold, and the fold keeps no lines: only the batch's are read again.
+        fold, and the fold keeps no lines: only the batch's are read again; that fold is kept
+        while records are left for the next claim, which reads only what was appended since.
         """
         dir_fd = self._dir(False)
         if dir_fd is None:
             return Claimed([], 0, [])
         try:
             with self._mutex, _no_gc_pauses():
-                state = self._read_then_lock(dir_fd, keep_lines=parse)
+                if not parse:
+                    return self._claim_kept(dir_fd, take, limit, max_bytes)
+                state = self._read_then_lock(dir_fd, keep_lines=True)
                 if state is None:
                     return Claimed([], 0, [])
                 fd, fold, _ = state
                 try:
-                    return self._choose(fd, fold, take, parse, limit, max_bytes)
+                    return self._choose(fd, fold, take, parse, limit, max_bytes, list(fold.bad))
                 finally:
                     os.close(fd)
                     fold.empty()
         finally:
             os.close(dir_fd)
 
+    def _claim_kept(self, dir_fd: int, take: Callable[[Entry], bool | None],
+                    limit: int | None, max_bytes: int | None) -> Claimed:
+        """A claim of lines on the fold kept since the last one (``parkkept``), kept again while
+        the claim leaves records for the next. Set-aside lines are reported once, when first read."""
+        kept, self._kept = self._kept, None
+        state = fold_then_lock(self, dir_fd, kept)
+        if state is None:
+            return Claimed([], 0, [])
+        fd, kept, tail = state
+        try:
+            bad, kept.fold.bad = kept.fold.bad + tail, []
+            claimed = self._choose(fd, kept.fold, take, False, limit, max_bytes, bad)
+        except BaseException:
+            kept.close()
+            raise
+        finally:
+            os.close(fd)
+        if claimed.more:
+            self._kept = kept
+        else:
+            kept.close()
+        return claimed
+
     def _choose(self, fd: int, fold: Fold, take: Callable[[Entry], bool | None], parse: bool,
-                limit: int | None, max_bytes: int | None) -> Claimed:
+                limit: int | None, max_bytes: int | None, bad: list[Bad]) -> Claimed:
         chosen: list[ParkRecord] = []
         lines: list[tuple[float, str, bytes]] = []
         later = more = size = 0
-        bad = list(fold.bad)
         for count, record_id in enumerate(list(fold.free())):
             if not count % 32:
                 time.sleep(0)

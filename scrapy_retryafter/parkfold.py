@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .parkowner import Owner, claim_holds
 from .parkrecord import _ID, ParkRecord
@@ -23,9 +23,13 @@ _CHUNK = 1 << 20
 _TORN_HEAD = 4096
 
 
-@dataclass
-class Entry:
-    """A record as the log holds it: its line, and what choosing and summing it need."""
+class Entry(NamedTuple):
+    """A record as the log holds it: its line, and what choosing and summing it need.
+
+    A tuple of bytes, strings and numbers, which the garbage collector stops
+    tracking: a fold kept between claims (100,000 entries) then adds no time
+    to a full collection on the reactor (a class instance added 33 ms).
+    """
 
     line: bytes
     spider: str
@@ -161,7 +165,9 @@ class Fold:
                 yield record_id
 
 
-LINE, LONG, TORN = "line", "long", "torn"
+LINE, LONG, TORN, TORN_LONG = "line", "long", "torn", "torn-long"
+TAIL = (TORN, TORN_LONG)
+"""Kinds of a last line without its newline: a later append may still end it."""
 
 
 def _lines(fd: int, offset: int, complete: bool, end: int | None = None) -> Iterator[tuple[bytes, int, str]]:
@@ -169,7 +175,8 @@ def _lines(fd: int, offset: int, complete: bool, end: int | None = None) -> Iter
 
     A last line without its newline is yielded (as TORN) only when
     ``complete`` (under the lock: a torn write); otherwise a writer may still
-    be at it. A line over MAX_LINE is yielded as its head (LONG).
+    be at it. A line over MAX_LINE is yielded as its head (LONG, or
+    TORN_LONG when it is that last line).
     """
     pending = b""
     skipping = False
@@ -202,16 +209,21 @@ def _lines(fd: int, offset: int, complete: bool, end: int | None = None) -> Iter
             if len(pending) > MAX_LINE:
                 pending, skipping = pending[:_TORN_HEAD], True
     if pending and complete:
-        yield pending, position, LONG if skipping else TORN
+        yield pending, position, TORN_LONG if skipping else TORN
 
 
 def _apply_line(fold: Fold, line: bytes, kind: str, end: int | None = None) -> None:
-    if kind == LONG:
-        fold.bad.append(Bad(line + b"...\n", f"a line longer than {MAX_LINE} bytes"))
-    elif kind == TORN:
-        fold.bad.append(Bad(line + b"\n", "torn line (no newline at the end)"))
-    else:
+    if kind == LINE:
         fold.apply(line, end)
+    else:
+        fold.bad.append(bad_line(line, kind))
+
+
+def bad_line(line: bytes, kind: str) -> Bad:
+    """What a line that is not one (too long, or torn) is set aside as."""
+    if kind in (LONG, TORN_LONG):
+        return Bad(line + b"...\n", f"a line longer than {MAX_LINE} bytes")
+    return Bad(line + b"\n", "torn line (no newline at the end)")
 
 
 def summarize(entries: Iterable[Entry]) -> Iterator[tuple[str, int, dict[str, int], float]]:

@@ -41,7 +41,7 @@ from . import parklock
 from .eventlog import printable
 from .parkfile import ParkFile, ParkFileError
 from .parkfold import MAX_LINE
-from .parkload import ParkLoader
+from .parkload import ParkLoader, update_failed
 from .parkrebuild import PARK_ID, serialize
 from .parkrecord import ParkRecord, iso
 from .parktrack import ParkTracker
@@ -165,6 +165,7 @@ class Parking:
         self._flusher: Any = None
         self._flushing: concurrent.futures.Future[Any] | None = None
         self._closed = False
+        self._disk_full_told = [False]
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self._spider_idle, signal=signals.spider_idle)
         crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
@@ -298,14 +299,10 @@ class Parking:
             self.tracker.done |= done  # tried again at the next flush, and at close
             self._worker_failed(error)
         elif result is not None:
-            self._worker_failed(result)
+            self._worker_failed(result, compaction=True)
 
-    def _worker_failed(self, error: BaseException) -> None:
-        logger.error(
-            "Park file %(path)s could not be updated (%(error)s): handled records stay and may be "
-            "fetched again by a later run",
-            {"path": self.path, "error": error}, extra={"spider": self.crawler.spider},
-        )
+    def _worker_failed(self, error: BaseException, compaction: bool = False) -> None:
+        update_failed(self.path, error, self.crawler.spider, self._disk_full_told, compaction)
 
     def _spider_closed(self, **kwargs: Any) -> Any:
         """Park what is held now (other close handlers run right after, expecting it done);
@@ -349,7 +346,10 @@ class Parking:
                 self.file.done(done)
             if release:
                 self.file.release(release)
-            self.file.compact(release_own=True)
+            try:
+                self.file.compact(release_own=True)
+            except OSError as error:
+                self._worker_failed(error, compaction=True)  # the file stands; a later run compacts it
         finally:
             self.file.close()
 

@@ -11,6 +11,7 @@ request only when due, a few milliseconds of them per loop turn.
 
 from __future__ import annotations
 
+import errno
 import functools
 import heapq
 import itertools
@@ -33,16 +34,16 @@ if TYPE_CHECKING:
     from .parkworker import ParkWorker
     from .settings import Config
 
-__all__ = ["ParkLoader"]
+__all__ = ["ParkLoader", "update_failed"]
 
 logger = logging.getLogger("scrapy_retryafter.parking")
 
 _SLICE = 0.003
 """Seconds of rebuilding or crawling per loop turn."""
 CLAIM_RECORDS = 10_000
-"""Records per claim. Each claim folds the whole file again (about 1 s of worker time at
-100,000 records): 10,000 keeps that to ten folds per 100,000 waiting, while a process starting
-a moment later still finds most of a large backlog free."""
+"""Records per claim. A claim reads only what was appended since the last (``parkkept``), but
+after a compaction (by any process) it folds the whole file again (about 1 s of worker time at
+100,000 records), while a process starting a moment later still finds most of a large backlog free."""
 CLAIM_BYTES = 32 * 1024 * 1024
 """Bytes of record lines per claim: the memory a batch may hold (records with large bodies
 make smaller batches). A single record over it (up to MAX_LINE) is claimed alone."""
@@ -50,6 +51,30 @@ REFILL_BELOW = CLAIM_RECORDS // 4
 """The next batch is claimed when fewer loaded requests than this are waiting or in the crawl."""
 _WARNINGS = 20
 """Set-aside lines named one WARNING each; past these, one line counts the rest."""
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def update_failed(path: object, error: BaseException, spider: object, told: list[bool],
+                  compaction: bool = False) -> None:
+    """One ERROR for a failed update of the park file. A compaction that fails on a full disk
+    leaves the file as it is (every record and removal in it stands) and is tried again later:
+    that is said once per run (``told``), not at every try."""
+    if compaction and isinstance(error, OSError) and error.errno in _DISK_FULL:
+        if not told[0]:
+            told[0] = True
+            logger.error(
+                "Park file %(path)s could not be compacted, the disk is full (%(error)s): it stays as it is, "
+                "nothing in it is lost, and compaction is tried again later (said once per run)",
+                {"path": path, "error": error}, extra={"spider": spider},
+            )
+        return
+    logger.error(
+        "Park file %(path)s could not be updated (%(error)s): handled records stay and may be "
+        "fetched again by a later run",
+        {"path": path, "error": error}, extra={"spider": spider},
+    )
 
 
 def _free_piecewise(items: list[Any]) -> None:
@@ -263,8 +288,15 @@ class ParkLoader:
         del waiting
 
     def _set_aside(self, refused: list[Bad]) -> None:
+        named = self.file.torn_path.name
         self.file.set_aside(refused)
-        self.file.compact()
+        self.file.compact()  # sets aside the lines the claim found
+        if self.file.torn_path.name != named:
+            logger.warning(
+                "Park file %(path)s: %(named)s was refused (%(why)s); lines named as set aside there are in %(torn)s",
+                {"path": self.file.path, "named": named, "why": self.file.torn_refused, "torn": self.file.torn_path.name},
+                extra={"spider": self.crawler.spider},
+            )
 
     def _set_aside_failed(self, result: Any, error: BaseException | None) -> None:
         if error is not None:

@@ -197,10 +197,14 @@ class LockedFile:
         self._write = write
         self._fsync = fsync
         self._safe_directory: tuple[int, int] | None = None
+        self.torn_refused: str | None = None
+        """Why ``FILE.torn`` was refused (planted by another user, a symlink), if it was."""
+        self._torn_name = self.path.name + ".torn"
 
     @property
     def torn_path(self) -> Path:
-        return self.path.with_name(self.path.name + ".torn")
+        """Where set-aside lines go: ``FILE.torn``, or a file of our own beside it if that was refused."""
+        return self.path.with_name(self._torn_name)
 
     # -- opening safely -------------------------------------------------------------------
 

@@ -328,6 +328,34 @@ async def test_on_a_full_disk_every_request_is_parked_whole_or_reaches_the_errba
     assert sorted(os.listdir(small_disk)) == ["parked.jsonl", "retry_after.hosts.json", "retry_after.hosts.json.lock"]
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_compaction_on_a_full_disk_leaves_the_file_as_it_is_and_is_told_once(server, small_disk, monkeypatch, caplog):
+    from scrapy_retryafter import parking
+    from scrapy_retryafter.parkfile import ParkRecord, read_log
+
+    monkeypatch.setattr(parking, "_FLUSH_INTERVAL", 0.2)
+    monkeypatch.setattr(parking, "_COMPACT_AFTER", 1)  # a compaction tried at every flush
+    free = server.add_host(HostConfig())
+    server.start()
+    park_file = small_disk / "parked.jsonl"
+    urls = [free.url(f"/{i}") for i in range(12)]
+    with ParkFile(park_file) as lot:
+        lot.add_many([ParkRecord(url=url, slot="127.0.0.1", reason="over_cap", detail="x" * 600, attempts=1,
+                                 not_before=time.time() - 1, request=None) for url in urls])
+    room = os.statvfs(small_disk)
+    filler = small_disk / "filler"
+    filler.write_bytes(b"x" * (room.f_bavail * room.f_frsize))  # removals fit in the file's last page, a copy not
+    settings = {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file), "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+                "RETRY_AFTER_HOST_STATE": False, "DOWNLOAD_DELAY": 0.2}  # about a dozen flushes
+    crawler = await crawl([], settings)
+    assert sorted(url for url, _ in crawler.spider.seen) == sorted(urls)
+    assert sorted(a.path for a in server.arrivals(free, status=200)) == sorted(f"/{i}" for i in range(12))
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "the disk is full" in errors[0], errors  # tried at every flush, told once
+    assert read_log(park_file).records == {}  # every removal landed (the last compaction, to nothing, removes the file)
+    assert sorted(os.listdir(small_disk)) in (["filler"], ["filler", "parked.jsonl"])  # no temporary file
+
+
 # -- hostile records ---------------------------------------------------------------------------
 
 
@@ -337,6 +365,29 @@ def _hostile(park_file: Path, **fields) -> None:
     with open(park_file, "a") as out:
         out.write(json.dumps(record) + "\n")
     os.chmod(park_file, 0o600)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_torn_file_planted_by_another_user_sends_set_aside_lines_to_a_file_of_our_own(server, tmp_path, caplog):
+    if os.geteuid() != 0:
+        pytest.skip("making a file of another user needs root")
+    host = server.add_host(HostConfig())
+    server.start()
+    park_file = tmp_path / "parked.jsonl"
+    planted = tmp_path / "parked.jsonl.torn"
+    planted.write_text("planted\n")
+    os.chown(planted, 54321, 54321)
+    good = host.url("/good")
+    _hostile(park_file, id="good", url=good, request={"url": good, "callback": "parse", "method": "GET"})
+    _hostile(park_file, id="data", url="data:text/plain,the data URL's contents")
+    crawler = await crawl([], {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file)})
+    assert crawler.spider.seen == [(good, 200)]
+    ours = [name for name in os.listdir(tmp_path) if name.endswith(".torn") and name != planted.name]
+    assert len(ours) == 1 and '"id": "data"' in (tmp_path / ours[0]).read_text()
+    assert planted.read_text() == "planted\n"
+    told = [r.getMessage() for r in caplog.records if "was refused" in r.getMessage()]
+    assert len(told) == 1 and ours[0] in told[0] and "parked.jsonl.torn was refused" in told[0], told
+    assert not park_file.exists()  # the good record handled, the bad one set aside: nothing left
 
 
 @pytest_twisted.ensureDeferred

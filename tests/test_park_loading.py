@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
+import resource
+import signal
 import time
 
 import pytest
@@ -133,13 +137,22 @@ def test_compaction_during_a_crawl_runs_in_another_process_and_keeps_our_claims(
 
 def test_a_compaction_that_fails_in_the_child_raises_with_its_reason(tmp_path):
     path = tmp_path / "parked.jsonl"
-    victim = tmp_path / "victim"
-    victim.write_text("precious\n")
+    large = [ParkRecord(url=f"http://127.0.0.1:1/{i}", slot="127.0.0.1", reason="over_cap", attempts=1,
+                        not_before=time.time(), request=encode_value({"url": f"http://127.0.0.1:1/{i}", "body": b"x" * 700_000}))
+             for i in range(2)]
     with ParkFile(path) as lot:
-        lot.add_many(_records(2, due_in=0))
-        with open(path, "a") as out:
-            out.write("garbage\n")
-        (tmp_path / "parked.jsonl.torn").symlink_to(victim)
-        with pytest.raises(ParkFileError, match="symlink"):
-            lot.compact_apart()
-    assert victim.read_text() == "precious\n"
+        lot.add_many(large)
+        before = path.read_bytes()
+        # The child inherits a file-size limit its copy is over (and SIGXFSZ ignored): it fails as on a full disk.
+        limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+        handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, limits[1]))
+        try:
+            with pytest.raises(ParkFileError, match="File too large") as failed:
+                lot.compact_apart()
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+            signal.signal(signal.SIGXFSZ, handler)
+        assert failed.value.errno == errno.ENOSPC
+    assert path.read_bytes() == before  # left as it was, no temporary file beside it
+    assert sorted(os.listdir(tmp_path)) == ["parked.jsonl"]

@@ -267,8 +267,9 @@ def test_on_a_full_disk_every_record_is_whole_or_refused_and_compaction_leaves_n
         # Compaction needs a second copy: on the full disk it fails and removes its temporary file.
         with pytest.raises(OSError):
             lot.compact()
-        with pytest.raises(ParkFileError, match="could not compact"):
+        with pytest.raises(ParkFileError, match="could not compact") as failed:
             lot.compact_apart()  # the same in the child process a crawl compacts in
+        assert failed.value.errno == errno.ENOSPC  # a full disk, told apart from other failures
         assert _urls(lot.read()) == sorted(kept)
     assert sorted(os.listdir(small_disk)) == ["parked.jsonl"]
     assert _urls(read_log(path)) == sorted(kept)
@@ -293,16 +294,42 @@ def test_a_symlinked_park_file_is_refused_and_its_target_untouched(tmp_path):
     assert target.read_text() == "precious\n" and stat.S_IMODE(target.stat().st_mode) == 0o644
 
 
-def test_a_symlinked_torn_file_is_refused(tmp_path):
+def test_a_symlinked_torn_file_is_never_followed_and_lines_go_to_a_file_of_our_own(tmp_path):
     target = tmp_path / "victim"
     target.write_text("precious\n")
     path = tmp_path / "parked.jsonl"
     path.write_text("garbage\n")
     os.chmod(path, 0o600)
     path.with_name("parked.jsonl.torn").symlink_to(target)
-    with ParkFile(path) as lot, pytest.raises(ParkFileError, match="symlink"):
-        lot.compact()
+    with ParkFile(path) as lot:
+        assert lot.compact() == 0  # set aside elsewhere, never through the symlink
+        assert "symlink" in lot.torn_refused and lot.torn_path.name != "parked.jsonl.torn"
+        assert lot.torn_path.read_text() == "garbage\n"
     assert target.read_text() == "precious\n"
+
+
+def test_a_torn_file_planted_by_another_user_does_not_stop_set_aside(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("making a file of another user needs root")
+    path = tmp_path / "parked.jsonl"
+    planted = path.with_name("parked.jsonl.torn")
+    planted.write_text("planted\n")
+    os.chown(planted, 54321, 54321)
+    with ParkFile(path) as lot:
+        lot.add(_record())
+        with open(path, "a") as out:
+            out.write("garbage\n")
+        assert lot.compact() == 1
+        assert lot.torn_path.parent == tmp_path and lot.torn_path.name.startswith("parked.jsonl.")
+        assert lot.torn_path.name.endswith(".torn") and lot.torn_path.read_text() == "garbage\n"
+        assert stat.S_IMODE(lot.torn_path.stat().st_mode) == 0o600 and lot.torn_path.stat().st_uid == 0
+        assert lot.read().bad == []  # gone from the park file
+        with open(path, "a") as out:
+            out.write("more garbage\n")
+        lot.compact()  # the same file of our own, not one more
+        assert lot.torn_path.read_text() == "garbage\nmore garbage\n"
+    assert planted.read_text() == "planted\n" and planted.stat().st_uid == 54321
+    assert len([name for name in os.listdir(tmp_path) if name.endswith(".torn")]) == 2
 
 
 def test_a_symlink_planted_at_the_old_temporary_name_is_never_followed(tmp_path):
