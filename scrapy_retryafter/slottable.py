@@ -119,6 +119,15 @@ class SlotTable:
         saved = {slot: saved_state(state, now) for slot, state in self._slots.items()}
         return {slot: entry for slot, entry in saved.items() if entry}
 
+    def learned_paces(self) -> dict[str, float]:
+        """The pace each throttled slot was learned to take (for the per-host memory); none for the others."""
+        paces = {}
+        for slot, state in self._slots.items():
+            learned = state.pace.learned() if state.pace is not None else None
+            if learned is not None:
+                paces[slot] = learned
+        return paces
+
     def restore(self, saved: dict[str, dict[str, float | str]], elapsed: float = 0.0) -> int:
         """Load a snapshot taken ``elapsed`` seconds ago; return how many slots it restored."""
         now = self.clock()
