@@ -4,9 +4,9 @@ Learning a limit costs a crawl its first throttles: against nginx
 ``limit_req`` at 20 r/s, two cooldowns and a slow start, an eighth of a
 400-page crawl. The pace each throttled slot ended at is merged into the
 per-host state file (hoststate.py, beside the park file) when the spider
-closes, and the next run's board starts each remembered host at it: no
-unpaced burst, no slow start, still probing upward slowly in case the limit
-rose. Everything read is bounded by hostrecord.py (a finite rate, 1e-6 to
+closes, and the next run's board starts each remembered host just under it
+and back at it within seconds: no unpaced burst, no slow start, still
+probing upward slowly in case the limit rose. Everything read is bounded by hostrecord.py (a finite rate, 1e-6 to
 1e6 a second, learned no longer ago than RETRY_AFTER_MEMORY_AGE); here a
 remembered pace is capped again by ``MAX_REMEMBERED`` and only seeds a host
 no refusal holds. Pure: no Scrapy, no Twisted; the clock is passed in.
@@ -28,7 +28,7 @@ MAX_REMEMBERED = 10_000.0
 class _Board(Protocol):
     def learned_paces(self) -> dict[str, float]: ...
 
-    def restore(self, saved: dict[str, dict[str, float | str]], elapsed: float = 0.0) -> int: ...
+    def remember_paces(self, paces: dict[str, float]) -> int: ...
 
     def refused(self, slot: str) -> float: ...
 
@@ -45,10 +45,10 @@ def seeded_paces(board: _Board, records: Mapping[str, HostRecord]) -> int:
     parser let through but no crawl could use (over ``MAX_REMEMBERED``) is
     not seeded, since a pace that high only marks the slot as throttled.
     """
-    paces: dict[str, dict[str, float | str]] = {}
+    paces: dict[str, float] = {}
     for host, record in records.items():
         pace = record.pace
         if pace is None or board.refused(host) or not 0.0 < pace.rate <= MAX_REMEMBERED:
             continue
-        paces[host] = {"rate": pace.rate}
-    return board.restore(paces) if paces else 0
+        paces[host] = pace.rate
+    return board.remember_paces(paces) if paces else 0
