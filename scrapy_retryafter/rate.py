@@ -201,7 +201,7 @@ class RateController:
             base = measured
         leaving_start = self.starting and bool(self.rate)
         again = not self.starting and self.refused < math.inf and now - self.resumed < AGAIN
-        if again and self.scale == STEADY_SCALE and held and not self.passed:
+        if again and self.scale == STEADY_SCALE and held:
             # A pinned pace that held for seconds, refused once right after
             # the next cooldown: a limiter with no tolerance (nginx limit_req
             # without burst) refuses two requests that arrive a few ms too
@@ -220,17 +220,12 @@ class RateController:
             # to regrow to, the one before its last step up is.
             self.peak = max(self.rate, passed * MARGIN)
             if base <= PINNED * passed:
-                # The limit lies between the last two paces: resume at the one
-                # the server let through (x0.95 under it cost a limiter with no
-                # tolerance, nginx limit_req, 5 % of the crawl). A refusal at
-                # once after the cooldown then falls back just under it (the
-                # branch below), not to a deep cut.
+                # The limit lies between the last two paces: resume just under it.
                 self.scale = STEADY_SCALE
-                self.peak = self.rate = max(self.min_rate, passed)
-                self.passed = passed
+                self.rate = max(self.min_rate, self.peak)
             else:
                 self.passed = passed  # if the pace between the two is refused at once, the limit is under it
-        elif again and base >= passed > 0.0:
+        elif again and base > passed > 0.0:
             # Slow start's exit guessed a pace between the last two and it was
             # refused at once: the limit lies between the pace slow start
             # passed and that guess, it did not drop.
