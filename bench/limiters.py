@@ -1,12 +1,15 @@
 """Against rate limiters nobody here wrote: stock Scrapy, AutoThrottle and the add-on.
 
-    python bench/limiters.py [--pages 400] [--repeat 3] [--only nginx,flask-moving] [--configs addon]
+    python bench/limiters.py [--pages 400] [--repeat 3] [--only nginx,flask-moving] [--configs addon,memory]
                              [--app-python PATH] [--keep-logs DIR]
 
 Every limiter runs on 127.0.0.1 on a free port, started afresh for each crawl
 and stopped after it; the rows take turns so that machine noise hits them
 alike, and the table gives medians. CONCURRENT_REQUESTS=16, the rate never
-told to the crawler.
+told to the crawler. Each crawl has its own park file and per-host state
+file, except ``memory``: a first crawl of the same limiter writes the state
+file and the measured second crawl starts from it (its first run is printed
+on stderr).
 
 - ``flask-moving`` / ``flask-fixed``: Flask-Limiter ``20/second`` (moving or
   fixed window, its own X-RateLimit-* and Retry-After headers) under waitress,
@@ -57,6 +60,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RATE = 20.0
 START_TIMEOUT = 20.0
+ADDON = "scrapy-retryafter add-on"
+MEMORY = "add-on, second crawl (memory)"
+"""A crawl that starts from the per-host state file a first crawl of the same limiter wrote."""
 
 NGINX_CONF = """\
 worker_processes 1;
@@ -282,7 +288,11 @@ def limiters(pages: int, app_python: str) -> list[Limiter]:
 
 
 @defer.inlineCallbacks
-def crawl(limiter: Limiter, settings: dict[str, Any], workdir: Path) -> Any:
+def crawl(limiter: Limiter, settings: dict[str, Any], workdir: Path, state_dir: Path | None = None) -> Any:
+    """One crawl against a fresh limiter; its park file (and the per-host state file beside it) in
+    ``state_dir``, a fresh directory unless given (so no crawl starts from what another learned)."""
+    state_dir = state_dir or Path(tempfile.mkdtemp(prefix="state-", dir=workdir))
+    settings = {**settings, "RETRY_AFTER_PARK_FILE": str(state_dir / "parked.jsonl")}
     running = limiter.start(workdir)
     try:
         urls = [f"{running.base_url}/p/{i}" for i in range(limiter.pages)]
@@ -298,7 +308,8 @@ def crawl(limiter: Limiter, settings: dict[str, Any], workdir: Path) -> Any:
 def main(args: argparse.Namespace) -> Any:
     chosen = set(args.only.split(",")) if args.only else None
     table = [lim for lim in limiters(args.pages, args.app_python) if chosen is None or lim.name in chosen]
-    names = {"stock": "stock Scrapy", "autothrottle": "stock + AutoThrottle", "addon": "scrapy-retryafter add-on"}
+    names = {"stock": "stock Scrapy", "autothrottle": "stock + AutoThrottle", "addon": "scrapy-retryafter add-on",
+             "memory": MEMORY}
     configs = [names[c] for c in args.configs.split(",")]
     workdir = Path(tempfile.mkdtemp(prefix="bench-limiters-"))
     keep = Path(args.keep_logs) if args.keep_logs else None
@@ -308,11 +319,18 @@ def main(args: argparse.Namespace) -> Any:
     results: list[list[Any]] = [[] for _ in rows]
     for attempt in range(args.repeat):
         for index, (lim, config) in enumerate(rows):
-            result = yield crawl(lim, {**CONFIGS[config], "LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING")},
-                                 workdir)
+            level = os.environ.get("BENCH_LOG_LEVEL", "WARNING")
+            state_dir = None
+            if config == MEMORY:  # a first crawl learns, the second (measured) starts from its file
+                state_dir = Path(tempfile.mkdtemp(prefix="memory-", dir=workdir))
+                first = yield crawl(lim, {**CONFIGS[ADDON], "LOG_LEVEL": level}, workdir, state_dir)
+                print(f"  {lim.name} / first run for memory: {first[1]} x 429, {first[3]:.1f} s", file=sys.stderr)
+            result = yield crawl(lim, {**CONFIGS[ADDON if config == MEMORY else config], "LOG_LEVEL": level},
+                                 workdir, state_dir)
             results[index].append(result[:4])
             if keep:
-                slug = f"{lim.name}.{config.split()[0].lower().replace('-', '')}.{attempt}.log"
+                tag = "memory" if config == MEMORY else config.split()[0].lower().replace("-", "")
+                slug = f"{lim.name}.{tag}.{attempt}.log"
                 (keep / slug).write_text("".join(f"{t:.4f} {status}\n" for t, status in result[4]))
             print(f"  {lim.name} / {config}: {result[0]}/{lim.pages} pages, {result[1]} x 429, "
                   f"{result[3]:.1f} s", file=sys.stderr, flush=True)
@@ -345,7 +363,8 @@ def _main() -> None:
     parser.add_argument("--pages", type=int, default=400)
     parser.add_argument("--repeat", type=int, default=1, help="runs per row, interleaved; medians are printed")
     parser.add_argument("--only", default="", help="comma-separated limiter names (default: all)")
-    parser.add_argument("--configs", default="stock,autothrottle,addon", help="comma-separated: stock,autothrottle,addon")
+    parser.add_argument("--configs", default="stock,autothrottle,addon",
+                        help="comma-separated: stock,autothrottle,addon,memory (memory: the add-on's second crawl)")
     parser.add_argument("--app-python", default=os.environ.get("BENCH_LIMITER_PYTHON", sys.executable),
                         help="a Python with Flask-Limiter and waitress (the bench extra)")
     parser.add_argument("--keep-logs", default="", help="write each crawl's arrival log (time, status) here")

@@ -324,6 +324,31 @@ class RateController:
         self.rate = max(self.rate, self.peak * self.beta)
         return self
 
+    def learned(self) -> float | None:
+        """The pace to remember for the next run, None when nothing was learned (never throttled).
+
+        The plateau just under the last refusal; in slow start, the last pace
+        the server let through (the current one is a step past it, untested).
+        """
+        if not self.last_cut or not self.rate:
+            return None
+        if self.starting:
+            pace = self.passed or self.rate
+        else:
+            pace = max(self.rate, self.peak)
+            if self.refused < math.inf:
+                pace = min(pace, max(self.rate, self.refused * MARGIN))
+        return max(self.min_rate, min(pace, self.ceiling))
+
+    def remembered(self, rate: float, now: float) -> None:
+        """Start at a pace a past run learned (the per-host memory): just under it, back to it
+        within seconds, then probing above it slowly. A pace that held to the end of one run
+        may sit at the very edge of a limiter with no tolerance; one refusal costs a cooldown
+        and a cut, a start x0.95 under it a twentieth of a few seconds."""
+        self.restored(rate, now)
+        self.rate = max(self.min_rate, self.peak * MARGIN)
+        self._regrow_from(math.inf, now)
+
     def restored(self, rate: float, now: float) -> None:
         """Resume at a rate saved with a paused job, probing above it only slowly."""
         self.rate = max(self.min_rate, rate)

@@ -22,6 +22,7 @@ from scrapy import signals
 from scrapy.exceptions import IgnoreRequest
 
 from .eventlog import printable
+from .hostpaces import learned_records, seeded_paces
 from .hostrecord import MAX_REFUSAL, HostRecord, Refusal
 from .hoststate import HostMemory, HostMemoryError
 from .parkrecord import iso
@@ -89,6 +90,7 @@ class Refusals:
         self._scan_all = False
         self._asked: set[str] = set()
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
 
     # -- refusing ----------------------------------------------------------------------------
 
@@ -271,6 +273,30 @@ class Refusals:
                 {"path": memory.path, "count": loaded},
                 extra={"spider": self.crawler.spider},
             )
+        paced = seeded_paces(self.board, records)
+        if paced:
+            assert self.stats is not None
+            self.stats.set_value("retry_after/paces_loaded", paced)
+            logger.info(
+                "Per-host state file %(path)s: %(count)d host(s) start at the pace learned last time",
+                {"path": memory.path, "count": paced},
+                extra={"spider": self.crawler.spider},
+            )
+
+    def _spider_closed(self, **kwargs: Any) -> None:
+        """Merge the paces this run learned into the file (nothing is written when none was learned)."""
+        if self.memory is None:
+            return
+        learned = learned_records(self.board, time.time())
+        if not learned:
+            return
+        try:
+            self.memory.save(learned)
+        except HostMemoryError as error:
+            self._state_failed("write", error)
+            return
+        assert self.stats is not None
+        self.stats.set_value("retry_after/paces_saved", len(learned))
 
     def _remember(self, slot: str, reason: str, until: float) -> None:
         """Save the refusal at once (a crash keeps it); the file merges it with other processes' own."""
@@ -287,7 +313,7 @@ class Refusals:
         assert self.stats is not None
         self.stats.inc_value("retry_after/host_state_failed")
         logger.error(
-            "Per-host state file: cannot %(what)s it (%(error)s); refusals are not kept for the next run",
+            "Per-host state file: cannot %(what)s it (%(error)s); refusals and paces are not kept for the next run",
             {"what": what, "error": error},
             extra={"spider": self.crawler.spider},
         )

@@ -17,7 +17,7 @@ from .breaker import CLOSED
 from .failures import ConsecutiveFailures
 from .hostpause import HostPauses
 from .quota import QuotaWindows
-from .rate import Meter
+from .rate import Meter, RateController
 from .slot_state import SlotState, restored_state, saved_state
 
 __all__ = ["SlotTable"]
@@ -123,6 +123,27 @@ class SlotTable:
         now = self.clock()
         saved = {slot: saved_state(state, now) for slot, state in self._slots.items()}
         return {slot: entry for slot, entry in saved.items() if entry}
+
+    def learned_paces(self) -> dict[str, float]:
+        """The pace each throttled slot was learned to take (for the per-host memory); none for the others."""
+        paces = {}
+        for slot, state in self._slots.items():
+            learned = state.pace.learned() if state.pace is not None else None
+            if learned is not None:
+                paces[slot] = learned
+        return paces
+
+    def remember_paces(self, paces: dict[str, float]) -> int:
+        """Start each slot at a pace a past run learned (rate.RateController.remembered); how many."""
+        now = self.clock()
+        for slot, rate in paces.items():
+            state = self._slots.get(slot)
+            if state is None:
+                state = self._slots[slot] = SlotState()
+            state.pace = RateController()
+            state.pace.remembered(rate, now)
+            state.last_seen = now
+        return len(paces)
 
     def restore(self, saved: dict[str, dict[str, float | str]], elapsed: float = 0.0) -> int:
         """Load a snapshot taken ``elapsed`` seconds ago; return how many slots it restored."""
