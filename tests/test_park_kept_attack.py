@@ -1,0 +1,172 @@
+"""Attacks on the fold kept between claims, its descriptor and the set-aside fallback.
+
+Pure tests on the park file (several handles stand for several processes:
+each handle has its own owner and kept fold) and real crawls where the
+behaviour is the extension's.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import pytest_twisted
+
+from scrapy_retryafter import parkload
+from scrapy_retryafter.parkfile import ParkFile, ParkRecord, read_log
+from scrapy_retryafter.testing.server import HostConfig
+
+from .conftest import ADDON, crawl
+
+
+def _record(key: str, url: str, spider: str = "s") -> ParkRecord:
+    return ParkRecord(url=url, slot="127.0.0.1", reason="over_cap", attempts=1, not_before=time.time() - 1,
+                      request=None, spider=spider, id=key)
+
+
+def _all(entry):
+    return True
+
+
+def _ids_in(lines) -> list[tuple[str, str]]:
+    """(claimed id, the id inside the line claimed under it)."""
+    return [(record_id, json.loads(line)["id"]) for _, record_id, line in lines]
+
+
+# -- the kept fold against rewrites the package never makes -------------------------------------
+
+
+def test_a_file_truncated_and_regrown_past_the_kept_offset_is_folded_again(tmp_path):
+    """Cleared in place (``: > FILE``, same inode) while a crawl keeps its fold, then parked into again
+    by another process with lines of the same length: the byte before the kept offset is a newline
+    again, so the stale fold was trusted and its records' offsets now hold other records."""
+    path = tmp_path / "parked.jsonl"
+    with ParkFile(path) as first, ParkFile(path) as other:
+        first.add_many([_record(f"a{i}", f"http://127.0.0.1/a{i}") for i in range(10)])
+        claimed = first.claim(_all, parse=False, limit=2)
+        assert claimed.more == 8 and first._kept is not None  # the fold is kept
+        os.truncate(path, 0)
+        other.add_many([_record(f"b{i}", f"http://127.0.0.1/b{i}") for i in range(11)])  # past the offset
+        claimed = first.claim(_all, parse=False, limit=100)
+        pairs = _ids_in(claimed.lines)
+        assert pairs and all(key == inside for key, inside in pairs), pairs
+        assert sorted(key for key, _ in pairs) == [f"b{i}" for i in range(11)]
+
+
+def test_a_same_size_rewrite_then_an_append_at_the_kept_offset_is_folded_again(tmp_path):
+    """The file rewritten in place to the same size (another tool opening it with O_TRUNC), then one
+    append by another process that starts exactly at the kept offset."""
+    path = tmp_path / "parked.jsonl"
+    with ParkFile(path) as first, ParkFile(path) as other:
+        first.add_many([_record(f"a{i}", f"http://127.0.0.1/a{i}") for i in range(6)])
+        first.claim(_all, parse=False, limit=1)
+        size = path.stat().st_size
+        rewritten = b"".join(_record(f"c{i}", f"http://127.0.0.1/c{i}").to_line().encode() + b"\n" for i in range(6))
+        claim_line_room = size - len(rewritten)
+        assert claim_line_room > 0
+        with open(path, "r+b") as out:  # same inode, same size: records c0..c5, then spaces to the old end
+            out.write(rewritten + b" " * (claim_line_room - 1) + b"\n")
+        assert path.stat().st_size == size
+        other.add(_record("d0", "http://127.0.0.1/d0"))
+        pairs = _ids_in(first.claim(_all, parse=False, limit=100).lines)
+        assert all(key == inside for key, inside in pairs), pairs
+        assert sorted(key for key, _ in pairs) == [*(f"c{i}" for i in range(6)), "d0"]
+
+
+# -- the kept fold against what other processes do ------------------------------------------------
+
+
+def test_what_other_handles_do_between_two_claims_reaches_the_kept_fold(tmp_path):
+    """A removal of a record folded in an earlier claim, a record appended, claimed by another and
+    released, a claim line from a foreign host, and a compaction by another to the same size."""
+    path = tmp_path / "parked.jsonl"
+    with ParkFile(path) as first, ParkFile(path) as other:
+        first.add_many([_record(f"a{i}", f"http://127.0.0.1/a{i}") for i in range(8)])
+        assert first.claim(_all, parse=False, limit=1).more == 7
+        other.done(["a1"])  # folded in the first claim, removed since
+        other.add(_record("n0", "http://127.0.0.1/n0"))
+        taken = other.claim(lambda entry: entry.url.endswith("n0"), parse=False)
+        assert [key for _, key, _ in taken.lines] == ["n0"]
+        other.release(["n0"])
+        foreign = {"claim": ["a2"], "by": {"host": "elsewhere", "boot": "b", "ns": "n", "pid": 1, "start": 1,
+                                           "nonce": "x"}, "at": round(time.time(), 3)}
+        with open(path, "ab") as out:
+            out.write(json.dumps(foreign, separators=(",", ":")).encode() + b"\n")
+        kept_identity = first._kept.identity
+        pairs = _ids_in(first.claim(_all, parse=False, limit=2).lines)
+        assert first._kept is not None and first._kept.identity == kept_identity  # read on, not again
+        assert [key for key, _ in pairs] == ["a3", "a4"]
+        other.compact()  # another file at the name now; its inode cannot be the kept one's
+        pairs = _ids_in(first.claim(_all, parse=False, limit=100).lines)
+        assert sorted(key for key, _ in pairs) == ["a5", "a6", "a7", "n0"]
+        assert all(key == inside for key, inside in pairs)
+
+
+def test_the_kept_descriptor_holds_no_lock_between_claims(tmp_path):
+    path = tmp_path / "parked.jsonl"
+    with ParkFile(path) as first:
+        first.add_many([_record(f"a{i}", f"http://127.0.0.1/a{i}") for i in range(5)])
+        first.claim(_all, parse=False, limit=1)
+        assert first._kept is not None
+        probe = subprocess.run(
+            [sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
+             "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print('locked')", str(path)],
+            capture_output=True, text=True, timeout=30, check=False,
+        )
+        assert probe.stdout.strip() == "locked", probe.stderr
+        with open(path, "rb") as mine:
+            fcntl.flock(mine, fcntl.LOCK_EX | fcntl.LOCK_NB)  # not even against this process
+        with open("/proc/locks") as locks:
+            inode = str(path.stat().st_ino)
+            assert not [line for line in locks if f":{inode} " in line]
+
+
+# -- a planted FILE.torn ----------------------------------------------------------------------------
+
+
+def test_a_fifo_planted_at_the_torn_name_sends_set_aside_lines_to_a_file_of_our_own(tmp_path):
+    """A FIFO (or socket) nobody reads: open(O_WRONLY | O_NONBLOCK) fails with ENXIO before any check
+    could refuse it, and every compaction of a file with a bad line failed with it."""
+    path = tmp_path / "parked.jsonl"
+    os.mkfifo(tmp_path / "parked.jsonl.torn", 0o600)
+    with ParkFile(path) as lot:
+        lot.add(_record("a0", "http://127.0.0.1/a0"))
+        with open(path, "ab") as out:
+            out.write(b"not json\n")
+        assert lot.compact() == 1
+        ours = [name for name in os.listdir(tmp_path) if name.endswith(".torn") and name != "parked.jsonl.torn"]
+        assert len(ours) == 1 and (tmp_path / ours[0]).read_bytes() == b"not json\n"
+        assert lot.torn_refused is not None
+        assert read_log(path).bad == []
+
+
+# -- crawls --------------------------------------------------------------------------------------
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest_twisted.ensureDeferred
+async def test_crawls_in_a_loop_that_leave_records_for_a_next_claim_leak_no_descriptor(server, tmp_path, monkeypatch):
+    """Each crawl claims a batch and keeps its fold (more are due); closing must close that descriptor."""
+    monkeypatch.setattr(parkload, "CLAIM_RECORDS", 3)
+    monkeypatch.setattr(parkload, "REFILL_BELOW", 0)  # never a second batch: the fold stays kept to the end
+    host = server.add_host(HostConfig())
+    server.start()
+    park_file = tmp_path / "parked.jsonl"
+    with ParkFile(park_file) as lot:
+        lot.add_many([_record(f"r{i}", host.url(f"/{i}"), spider="list") for i in range(30)])
+    settings = {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file), "RETRY_AFTER_HOST_STATE": False}
+    await crawl([], settings)  # the first builds what stays (reactor threads, the server's sockets)
+    before = _open_fds()
+    for _ in range(4):
+        await crawl([], settings)
+    assert _open_fds() <= before
+    assert len(server.arrivals(host, status=200)) == 15
