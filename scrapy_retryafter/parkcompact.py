@@ -88,7 +88,8 @@ class CompactingLog(LockedFile):
             try:
                 fd = self._open_in(dir_fd, self.torn_path.name, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             except OSError as error:
-                planted = isinstance(error, ParkFileError) or error.errno in (errno.EACCES, errno.EPERM)
+                # ENXIO: a FIFO or socket nobody reads, refused by open() itself before any check could.
+                planted = isinstance(error, ParkFileError) or error.errno in (errno.EACCES, errno.EPERM, errno.ENXIO)
                 if not planted or self.torn_refused is not None:
                     raise
                 fd = self._torn_elsewhere(dir_fd, str(error))
