@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -40,6 +41,8 @@ class Entry(NamedTuple):
     at: int = -1
     """Where the line starts in the file, when the fold keeps no lines (``line`` is then empty)."""
     size: int = 0
+    crc: int = 0
+    """The line's CRC-32, when the fold keeps no lines: the line read again by its offset must be this one."""
 
     def record(self) -> ParkRecord:
         return ParkRecord.from_line(self.line.decode("ascii"))
@@ -98,7 +101,7 @@ class Fold:
                 entry = Entry(line, record.spider, record.slot, record.reason, record.url, record.not_before)
             else:
                 entry = Entry(b"", record.spider, record.slot, record.reason, record.url, record.not_before,
-                              end - len(line), len(line))
+                              end - len(line), len(line), zlib.crc32(line))
             self.records[record.id] = entry
             self.claims.pop(record.id, None)
             self.claimed_at.pop(record.id, None)

@@ -56,7 +56,7 @@ def test_a_file_truncated_and_regrown_past_the_kept_offset_is_folded_again(tmp_p
         claimed = first.claim(_all, parse=False, limit=100)
         pairs = _ids_in(claimed.lines)
         assert pairs and all(key == inside for key, inside in pairs), pairs
-        assert sorted(key for key, _ in pairs) == [f"b{i}" for i in range(11)]
+        assert sorted(key for key, _ in pairs) == sorted(f"b{i}" for i in range(11))
 
 
 def test_a_same_size_rewrite_then_an_append_at_the_kept_offset_is_folded_again(tmp_path):
