@@ -170,3 +170,44 @@ async def test_crawls_in_a_loop_that_leave_records_for_a_next_claim_leak_no_desc
         await crawl([], settings)
     assert _open_fds() <= before
     assert len(server.arrivals(host, status=200)) == 15
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=False)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_full_disk_is_told_once_when_the_compaction_after_a_set_aside_fails_too(server, small_disk, monkeypatch, caplog):
+    """The loader compacts after lines are set aside (found by a claim, or refused when rebuilt):
+    on a full disk that compaction fails as the flush's does, and must be told as once per run."""
+    from scrapy_retryafter import parking
+    from scrapy_retryafter.parkrecord import iso
+
+    monkeypatch.setattr(parking, "_FLUSH_INTERVAL", 0.2)
+    monkeypatch.setattr(parking, "_COMPACT_AFTER", 1)
+    free = server.add_host(HostConfig())
+    server.start()
+    park_file = small_disk / "parked.jsonl"
+    urls = [free.url(f"/{i}") for i in range(6)]
+    with ParkFile(park_file) as lot:
+        lot.add_many([ParkRecord(url=url, slot="127.0.0.1", reason="over_cap", detail="x" * 600, attempts=1,
+                                 not_before=time.time() - 1, request=None) for url in urls])
+    bad = {"id": "data", "spider": "list", "url": "data:text/plain,x", "slot": "127.0.0.1", "reason": "over_cap",
+           "detail": "", "attempts": 1, "not_before": iso(time.time() - 1), "request": None}
+    with open(park_file, "a") as out:
+        out.write(json.dumps(bad) + "\n")
+    room = os.statvfs(small_disk)
+    (small_disk / "filler").write_bytes(b"x" * (room.f_bavail * room.f_frsize))
+    settings = {**ADDON, "RETRY_AFTER_PARK_FILE": str(park_file), "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+                "RETRY_AFTER_HOST_STATE": False, "DOWNLOAD_DELAY": 0.2}
+    crawler = await crawl([], settings)
+    assert sorted(url for url, _ in crawler.spider.seen) == sorted(urls)
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "the disk is full" in errors[0], errors
