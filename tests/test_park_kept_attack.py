@@ -211,3 +211,16 @@ async def test_a_full_disk_is_told_once_when_the_compaction_after_a_set_aside_fa
     assert sorted(url for url, _ in crawler.spider.seen) == sorted(urls)
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "the disk is full" in errors[0], errors
+
+
+def test_a_kept_fold_holds_one_copy_of_each_spider_slot_and_reason(tmp_path):
+    """Held between claims for the whole crawl: 100,000 records held 300,000 copies of a few names
+    (56 MB for a 42 MB file, 43 MB with them shared)."""
+    path = tmp_path / "parked.jsonl"
+    with ParkFile(path) as lot:
+        lot.add_many([_record(f"a{i}", f"http://127.0.0.1/a{i}") for i in range(20)])
+        lot.claim(_all, parse=False, limit=1)
+        entries = list(lot._kept.fold.records.values())
+        assert len({id(entry.slot) for entry in entries}) == 1
+        assert len({id(entry.reason) for entry in entries}) == 1
+        assert len({id(entry.spider) for entry in entries}) == 1
