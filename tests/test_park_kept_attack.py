@@ -224,3 +224,57 @@ def test_a_kept_fold_holds_one_copy_of_each_spider_slot_and_reason(tmp_path):
         assert len({id(entry.slot) for entry in entries}) == 1
         assert len({id(entry.reason) for entry in entries}) == 1
         assert len({id(entry.spider) for entry in entries}) == 1
+
+
+BATCHES = '''
+import scrapy_retryafter.parkload as parkload
+
+parkload.CLAIM_RECORDS = 5
+parkload.REFILL_BELOW = 2
+'''
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_process_killed_holding_claims_gives_them_to_one_that_keeps_its_fold(server, tmp_path):
+    """Real processes: one claims a batch and hangs on it; another claims batches of the rest on a
+    fold it keeps; the first is SIGKILLed: the second's next claims, read on from its kept fold, take
+    the dead one's records, and every URL is answered 200 once after the kill."""
+    import signal
+    import textwrap
+    from collections import Counter
+
+    from .test_park_processes import _check_logs, make_project, pause, start_crawl, wait_all
+
+    slow = server.add_host(HostConfig(latency=120.0))
+    fast = server.add_host(HostConfig(latency=0.3))
+    server.start()
+    project = make_project(tmp_path / "project")
+    with open(project / "parkproj" / "settings.py", "a") as settings:
+        settings.write(textwrap.dedent(BATCHES))
+    park_file = project / ".scrapy" / "retry_after" / "pages.parked.jsonl"
+    held = [slow.url(f"/held/{n}") for n in range(5)]
+    rest = [fast.url(f"/rest/{n}") for n in range(30)]
+    with ParkFile(park_file) as lot:
+        lot.add_many([ParkRecord(url=url, slot=url.split("/")[2], reason="over_cap", attempts=1,
+                                 not_before=time.time(), request=None, spider="pages") for url in held + rest])
+    holder = start_crawl(project, tmp_path / "holder.log", [], CONCURRENT_REQUESTS_PER_DOMAIN=8)
+    deadline = time.monotonic() + 40
+    while len(server.arrivals(slow)) < 5:
+        assert holder.poll() is None and time.monotonic() < deadline, (tmp_path / "holder.log").read_text()
+        await pause(0.1)
+    keeper = start_crawl(project, tmp_path / "keeper.log", [])
+    while len(server.arrivals(fast, status=200)) < 6:  # past its first batch: its fold is kept
+        assert keeper.poll() is None and time.monotonic() < deadline + 40, (tmp_path / "keeper.log").read_text()
+        await pause(0.1)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(10)
+    killed_at = time.monotonic()
+    slow.config.latency = 0.0
+    assert await wait_all([keeper], 60) == [0]
+    text = _check_logs([tmp_path / "keeper.log"])
+    after = Counter(slow.url(a.path) for a in server.arrivals(slow, status=200) if a.t > killed_at)
+    assert sorted(after) == sorted(held) and set(after.values()) == {1}, text[-3000:]
+    fetched = Counter(fast.url(a.path) for a in server.arrivals(fast, status=200))
+    assert sorted(fetched) == sorted(rest) and set(fetched.values()) == {1}
+    assert text.count("PAGE 200") == 35
+    assert not park_file.exists() or read_log(park_file).records == {}
