@@ -278,3 +278,23 @@ async def test_a_process_killed_holding_claims_gives_them_to_one_that_keeps_its_
     assert sorted(fetched) == sorted(rest) and set(fetched.values()) == {1}
     assert text.count("PAGE 200") == 35
     assert not park_file.exists() or read_log(park_file).records == {}
+
+
+def test_a_refused_torn_name_on_a_full_disk_leaves_no_empty_file_of_our_own_per_try(small_disk):
+    """Each compaction (each in a child of its own) that finds a bad line while FILE.torn is
+    refused makes a private FILE.XXXXXXXX.torn; on a full disk the write fails and the empty file
+    stayed, one more at every try."""
+    path = small_disk / "parked.jsonl"
+    os.symlink("/nonexistent", small_disk / "parked.jsonl.torn")
+    with ParkFile(path) as lot:
+        lot.add(_record("a0", "http://127.0.0.1/a0"))
+    with open(path, "ab") as out:
+        out.write(b"not json\n")
+    room = os.statvfs(small_disk)
+    (small_disk / "filler").write_bytes(b"x" * (room.f_bavail * room.f_frsize))
+    for _ in range(3):
+        with ParkFile(path) as lot, pytest.raises(OSError) as failed:
+            lot.compact_apart()
+        assert failed.value.errno == 28  # ENOSPC: the file stays as it is
+    assert sorted(os.listdir(small_disk)) == ["filler", "parked.jsonl", "parked.jsonl.torn"]
+    assert read_log(path).bad[0].line == b"not json\n"
