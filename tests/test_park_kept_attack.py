@@ -297,3 +297,20 @@ def test_a_refused_torn_name_on_a_full_disk_leaves_no_empty_file_of_our_own_per_
         assert failed.value.errno == 28  # ENOSPC: the file stays as it is
     assert sorted(os.listdir(small_disk)) == ["filler", "parked.jsonl", "parked.jsonl.torn"]
     assert read_log(path).bad[0].line == b"not json\n"
+
+
+def test_a_file_cleared_in_place_is_folded_again_when_most_stale_records_are_another_spiders(tmp_path):
+    """Another spider's stale records are never read again by their offsets; the one left for this
+    spider's next claim is, and its CRC tells the file was cleared and parked into again."""
+    path = tmp_path / "parked.jsonl"
+    with ParkFile(path) as first, ParkFile(path) as other:
+        first.add_many([_record(f"a{i}", f"http://127.0.0.1/a{i}", spider="t") for i in range(10)])
+        first.add(_record("x0", "http://127.0.0.1/x0", spider="s"))
+        first.add(_record("x1", "http://127.0.0.1/x1", spider="s"))
+        ours = lambda entry: entry.spider == "s"  # noqa: E731
+        assert first.claim(ours, parse=False, limit=1).more == 1 and first._kept is not None
+        os.truncate(path, 0)
+        other.add_many([_record(f"b{i}", f"http://127.0.0.1/b{i}", spider="s") for i in range(13)])
+        pairs = _ids_in(first.claim(ours, parse=False, limit=100).lines)
+        assert all(key == inside for key, inside in pairs), pairs
+        assert sorted(key for key, _ in pairs) == sorted(f"b{i}" for i in range(13))
