@@ -141,6 +141,7 @@ def test_a_fifo_planted_at_the_torn_name_sends_set_aside_lines_to_a_file_of_our_
         assert lot.compact() == 1
         ours = [name for name in os.listdir(tmp_path) if name.endswith(".torn") and name != "parked.jsonl.torn"]
         assert len(ours) == 1 and (tmp_path / ours[0]).read_bytes() == b"not json\n"
+        assert os.stat(tmp_path / ours[0]).st_mode & 0o777 == 0o600
         assert lot.torn_refused is not None
         assert read_log(path).bad == []
 
