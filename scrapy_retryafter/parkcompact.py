@@ -8,6 +8,7 @@ No Scrapy here.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -84,17 +85,26 @@ class CompactingLog(LockedFile):
     def _keep_aside(self, bad: list[Bad]) -> None:
         dir_fd = self._dir(True)
         assert dir_fd is not None
+        made = ""
         try:
             try:
                 fd = self._open_in(dir_fd, self.torn_path.name, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             except OSError as error:
-                planted = isinstance(error, ParkFileError) or error.errno in (errno.EACCES, errno.EPERM)
+                # ENXIO: a FIFO or socket nobody reads, refused by open() itself before any check could.
+                planted = isinstance(error, ParkFileError) or error.errno in (errno.EACCES, errno.EPERM, errno.ENXIO)
                 if not planted or self.torn_refused is not None:
                     raise
                 fd = self._torn_elsewhere(dir_fd, str(error))
+                made = self._torn_name
             try:
                 self._write_all(fd, b"".join(item.line if item.line.endswith(b"\n") else item.line + b"\n" for item in bad))
                 self._fsync(fd)
+            except BaseException:
+                if made:  # made for these lines, which stay in the park file: no empty file left per try
+                    with contextlib.suppress(OSError):
+                        os.unlink(made, dir_fd=dir_fd)
+                    self.torn_refused, self._torn_name = None, self.path.name + ".torn"
+                raise
             finally:
                 os.close(fd)
         finally:

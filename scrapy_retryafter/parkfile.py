@@ -37,6 +37,7 @@ from __future__ import annotations
 import errno
 import os
 import time
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -226,26 +227,35 @@ class ParkFile(CompactingLog):
         """A claim of lines on the fold kept since the last one (``parkkept``), kept again while
         the claim leaves records for the next. Set-aside lines are reported once, when first read."""
         kept, self._kept = self._kept, None
+        try:
+            return self._claim_on(dir_fd, kept, take, limit, max_bytes)
+        except _Stale:  # rewritten in place since (not by this package): folded again from the start
+            return self._claim_on(dir_fd, None, take, limit, max_bytes)
+
+    def _claim_on(self, dir_fd: int, kept: KeptFold | None, take: Callable[[Entry], bool | None],
+                  limit: int | None, max_bytes: int | None) -> Claimed:
         state = fold_then_lock(self, dir_fd, kept)
         if state is None:
             return Claimed([], 0, [])
-        fd, kept, tail = state
+        fd, current, tail = state
         try:
-            bad, kept.fold.bad = kept.fold.bad + tail, []
-            claimed = self._choose(fd, kept.fold, take, False, limit, max_bytes, bad)
+            bad, current.fold.bad = current.fold.bad + tail, []
+            claimed = self._choose(fd, current.fold, take, False, limit, max_bytes, bad, stale=current is kept)
         except BaseException:
-            kept.close()
+            current.close()
             raise
         finally:
             os.close(fd)
         if claimed.more:
-            self._kept = kept
+            self._kept = current
         else:
-            kept.close()
+            current.close()
         return claimed
 
     def _choose(self, fd: int, fold: Fold, take: Callable[[Entry], bool | None], parse: bool,
-                limit: int | None, max_bytes: int | None, bad: list[Bad]) -> Claimed:
+                limit: int | None, max_bytes: int | None, bad: list[Bad], stale: bool = False) -> Claimed:
+        """``stale``: the fold was kept from an earlier claim, and a line not found again where it
+        was read raises ``_Stale`` (before anything is appended) instead of being skipped."""
         chosen: list[ParkRecord] = []
         lines: list[tuple[float, str, bytes]] = []
         later = more = size = 0
@@ -267,6 +277,8 @@ class ParkFile(CompactingLog):
                 continue
             line = entry.line or _reread(fd, entry)
             if line is None:
+                if stale:
+                    raise _Stale
                 continue  # rewritten without the lock (not by this package): left free, not claimed
             if not parse:
                 size += length
@@ -324,10 +336,15 @@ class ParkFile(CompactingLog):
             os.close(dir_fd)
 
 
+class _Stale(Exception):
+    """A kept fold's record is no longer where it was read: the file was rewritten in place."""
+
+
 def _reread(fd: int, entry: Entry) -> bytes | None:
-    """A record's line read again by its offset (under the lock: only appends happen meanwhile)."""
+    """A record's line read again by its offset, None unless it is the line folded (the same
+    CRC-32): a file cleared in place and parked into again can hold another record there."""
     line = os.pread(fd, entry.size, entry.at)
-    if len(line) != entry.size or not line.endswith(b"\n"):
+    if len(line) != entry.size or zlib.crc32(line) != entry.crc:
         return None
     return line
 

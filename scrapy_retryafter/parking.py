@@ -254,7 +254,8 @@ class Parking:
             self._refuse(f"{error}; nothing can be parked")
             return
         self._worker = ParkWorker()
-        self.loader = ParkLoader(self.crawler, self.config, self.file, self.spider_name, self.tracker, self._worker)
+        self.loader = ParkLoader(self.crawler, self.config, self.file, self.spider_name, self.tracker, self._worker,
+                                 self._disk_full_told)
         # No file, nothing to load: no read in the worker, so no DontCloseSpider
         # (and no extra spider_idle round for the spider's own handlers) while it runs.
         if os.path.lexists(self.file.path):

@@ -7,7 +7,9 @@ only what was appended since, by this process or another. Its descriptor
 stays open, so the inode cannot be freed and reused: a file at the name with
 another identity (compacted, or removed and made again, by any process) is
 folded from the start, as is one shorter than the offset or whose byte before
-it is no newline (rewritten in place, not by this package). A torn last line
+it is no newline (rewritten in place, not by this package); one rewritten so that
+both checks pass (cleared and parked into again) is caught when a claimed line is
+read again by its offset (its CRC-32 differs), and folded again. A torn last line
 is never part of the fold: it is reported with each claim until an append
 ends it, then folded as the line it became, as a full fold would. No Scrapy here.
 """

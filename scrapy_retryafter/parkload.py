@@ -88,7 +88,7 @@ class ParkLoader:
     """One crawl's load of the park file: its claim, and the claimed requests until each is crawled."""
 
     def __init__(self, crawler: Crawler, config: Config, file: ParkFile, spider_name: str,
-                 tracker: ParkTracker, worker: ParkWorker) -> None:
+                 tracker: ParkTracker, worker: ParkWorker, disk_full_told: list[bool] | None = None) -> None:
         self.crawler = crawler
         self.config = config
         self.stats = crawler.stats
@@ -108,6 +108,8 @@ class ParkLoader:
         self.more = 0
         """Due records the last claim left in the file for the next one."""
         self.claims = 0
+        self.disk_full_told = [False] if disk_full_told is None else disk_full_told
+        """Shared with the flush's compactions: a full disk is told once per run."""
 
     @property
     def pending(self) -> int:
@@ -290,7 +292,10 @@ class ParkLoader:
     def _set_aside(self, refused: list[Bad]) -> None:
         named = self.file.torn_path.name
         self.file.set_aside(refused)
-        self.file.compact()  # sets aside the lines the claim found
+        try:
+            self.file.compact()  # sets aside the lines the claim found
+        except OSError as error:  # the file stands; tried again at the next compaction
+            update_failed(self.file.path, error, self.crawler.spider, self.disk_full_told, compaction=True)
         if self.file.torn_path.name != named:
             logger.warning(
                 "Park file %(path)s: %(named)s was refused (%(why)s); lines named as set aside there are in %(torn)s",
