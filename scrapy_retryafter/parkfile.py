@@ -291,14 +291,7 @@ class ParkFile(CompactingLog):
                     bad.append(Bad(line, str(error), record_id, entry.url[:200]))
         ids = [record.id for record in chosen] or [record_id for _, record_id, _ in lines]
         if ids:
-            end = self._seek_end(fd)
-            try:
-                self._write_all(fd, self._after_torn(fd, end) + self._changes("claim", ids))
-                self._fsync(fd)
-            except OSError as error:
-                self._cut_back(fd, end)
-                raise ParkFileError(error.errno or errno.EIO,
-                                    f"could not claim records in {self.path}: {error}") from error
+            _append_claims(self, fd, ids)
         return Claimed(chosen, later, bad, lines, more)
 
     def clear(self, spider: str | None = None) -> int:
@@ -334,6 +327,17 @@ class ParkFile(CompactingLog):
                     os.close(fd)
         finally:
             os.close(dir_fd)
+
+
+def _append_claims(log: ParkFile, fd: int, ids: list[str]) -> None:
+    """One claim line for ``ids``, synced; cut back whole when the write fails."""
+    end = log._seek_end(fd)
+    try:
+        log._write_all(fd, log._after_torn(fd, end) + log._changes("claim", ids))
+        log._fsync(fd)
+    except OSError as error:
+        log._cut_back(fd, end)
+        raise ParkFileError(error.errno or errno.EIO, f"could not claim records in {log.path}: {error}") from error
 
 
 class _Stale(Exception):
