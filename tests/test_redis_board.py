@@ -139,8 +139,10 @@ def test_the_fleet_grants_send_times_at_the_slowest_pace_its_senders_claim(pair,
         return who.leases.times(SLOT)
 
     claim(b)
-    for _ in range(4):  # a few exchanges: each grants the times up to the horizon
+    for _ in range(20):  # a few exchanges: each grants the times up to the horizon (more under load)
         times = claim(a)
+        if len(times) >= 3:
+            break
     assert len(times) >= 2
     gaps = [later - earlier for earlier, later in zip(times, times[1:])]
     assert min(gaps) == pytest.approx(0.1, abs=0.005)
@@ -149,8 +151,10 @@ def test_the_fleet_grants_send_times_at_the_slowest_pace_its_senders_claim(pair,
     assert sum(1 for name in paces if name.startswith("pace:")) == 2
     time.sleep(1.1)  # b claimed nothing for longer than the pace window
     a.leases.forget(SLOT)
-    for _ in range(4):
+    for _ in range(20):
         times = claim(a)
+        if len(times) >= 3:
+            break
     gaps = [later - earlier for earlier, later in zip(times, times[1:])]
     assert gaps and max(gaps) == pytest.approx(0.025, abs=0.005)
 
