@@ -25,7 +25,7 @@ from .extension import RetryAfterExtension, SlotCoolingDown
 from .failures import PREVIOUS_WAIT, past_deadline, sent_at, stamp_first_attempt
 from .headers import parse_retry_after
 from .holding import THROTTLES
-from .hostpause import OUTAGE_STATUSES, OWN_PRIORITY, PROBED_OUT
+from .hostpause import OUTAGE_STATUSES, OWN_PRIORITY
 from .logstats import RetryAfterLogStats
 from .pausing import Pausing, rank_for_probe
 from .policy import Decision, decide
@@ -173,13 +173,10 @@ class RetryAfterMiddleware:
         if not blind:
             self._pausing.answered(slot)
         elif slot in self.board.pauses:
-            # The host is paused: sent before the pause, the failure is the host's (no throttle spent);
-            # a probe's is its own, but a probe on its last throttle is held while the host stays paused.
-            free = self._pausing.pause(request, slot, policy, str(response.status), "").free
-            last = throttles > self._throttle_limit(request, policy) and not request.meta.get(PROBED_OUT)
-            if not free and last and slot in self.board.pauses:
+            exhausted = throttles > _throttle_limit(request, policy)
+            free, spent = self._pausing.paused_failure(request, slot, policy, str(response.status), exhausted)
+            if spent:
                 self._spent_probes.add(request)
-                free = True
             if free:
                 self._free.add(request)
                 self.stats.inc_value("retry_after/paused_retries")
@@ -282,10 +279,6 @@ class RetryAfterMiddleware:
             rank_for_probe(request, retry, paused, request in self._spent_probes)
         return retry
 
-    def _throttle_limit(self, request: Request, policy: SlotPolicy) -> int:
-        limit = request.meta.get(MAX_RETRIES)
-        return limit if isinstance(limit, int) and not isinstance(limit, bool) else policy.max_retries
-
     def forget_decision(self, request: Request) -> None:
         """The decision made for ``request`` at download time is used up (the ban path)."""
         self._decided.pop(request, None)
@@ -306,3 +299,8 @@ class RetryAfterMiddleware:
 
 def _number_or_none(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _throttle_limit(request: Request, policy: SlotPolicy) -> int:
+    limit = request.meta.get(MAX_RETRIES)
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) else policy.max_retries

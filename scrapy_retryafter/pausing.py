@@ -89,12 +89,23 @@ class Pausing:
         be the host's); failing so again, its URL is taken for broken and it is given up as stock does."""
         if kind is None:
             return None, False
+        pause = self.board.pauses.pause_of(slot)
+        probing = pause is not None and pause.probe_out > 0.0  # a request left as the pause's probe
         event = self.failed(request, slot, policy, kind)
-        spent_probe = exhausted and not (event.free or event.started) and slot in self.board.pauses
+        spent_probe = probing and exhausted and not (event.free or event.started) and slot in self.board.pauses
         spent_probe = spent_probe and not request.meta.get(PROBED_OUT)  # held once only
         if event.free or spent_probe:
             return self.board.pauses.remaining(slot, self.board.clock()), spent_probe
         return None, False
+
+    def paused_failure(self, request: Request, slot: str, policy: SlotPolicy, kind: str, exhausted: bool) -> tuple[bool, bool]:
+        """A blind failure while ``slot`` is paused: (free: sent before the pause, the host's failure, or a
+        probe on its last throttle held once while the host stays paused; spent: that probe)."""
+        pause = self.board.pauses.pause_of(slot)
+        probing = pause is not None and pause.probe_out > 0.0  # a request left as the pause's probe
+        free = self.pause(request, slot, policy, kind, "").free
+        spent = not free and probing and exhausted and not request.meta.get(PROBED_OUT) and slot in self.board.pauses
+        return free or spent, spent
 
     def queue_retry(self, request: Request, retry: Request, slot: str, now: float, wait: float, spent_probe: bool) -> None:
         """The retry of a gateway failure, timeout or reset: while its host is paused the probe interval
