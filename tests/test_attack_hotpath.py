@@ -1,0 +1,96 @@
+"""Attacks on the hot path (holds_none, download_slot read from meta, the rate-limit name check).
+
+Each test compares what the success path does with what it did before the
+change: the same slot as ``slot_of`` gives, the same policy as
+``config.policy_for`` gives, the same header names read.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pytest
+import pytest_twisted
+from hypothesis import given
+from hypothesis import strategies as st
+from scrapy import Request
+
+from scrapy_retryafter.extension import RetryAfterExtension
+from scrapy_retryafter.ratelimit import _PREFIXES, speaks_ratelimit
+from scrapy_retryafter.testing.server import HostConfig
+
+from .conftest import ADDON, crawl
+
+PAGES = 60
+
+
+def _old_speaks_ratelimit(names: Any) -> bool:
+    """The check before the change, verbatim."""
+    return any(name.lower().startswith(_PREFIXES) for name in names)
+
+
+_PIECES = st.sampled_from(
+    [b"ratelimit", b"RateLimit", b"X-RateLimit", b"x-ratelimit", b"X-Rate-Limit", b"-", b"Policy", b"Remaining",
+     b"Reset", b"Retry-After", b"-Ms", b"rate", b"limit", b"x-", b"X", b"\xc4\xb0", b"K", b"\x00", b""]
+)
+_NAMES = st.lists(st.lists(_PIECES, max_size=4).map(b"".join) | st.binary(max_size=12), max_size=6)
+
+
+@given(_NAMES)
+def test_the_joined_search_accepts_exactly_the_names_the_old_scan_did(names: list[bytes]) -> None:
+    assert speaks_ratelimit(names) is _old_speaks_ratelimit(names)
+
+
+@given(_NAMES)
+def test_the_same_on_scrapy_headers(names: list[bytes]) -> None:
+    from scrapy.http.headers import Headers
+
+    headers = Headers({name: b"1" for name in names if name})
+    assert speaks_ratelimit(headers) is _old_speaks_ratelimit(headers)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_scope_slot_reads_quota_headers_on_success_when_its_hosts_entry_asks(server: Any) -> None:
+    """RETRY_AFTER_SLOTS[host] turns the headers on, the default is off, requests get a path scope.
+
+    ``config.policy_for(scope slot)`` is the host's entry (scope_bases); the success path must use it,
+    as ``throttle()`` does, or the announced quota is ignored and the limiter throttles (>2 x 429)."""
+    host = server.add_host(HostConfig(rate=20.0, window=1.0, penalty=1.0, ratelimit="ietf"))
+    server.start()
+    settings = {
+        **ADDON,
+        "RETRY_AFTER_WAKE_JITTER": 0.1,
+        "RETRY_AFTER_RATELIMIT_HEADERS": False,
+        "RETRY_AFTER_SLOTS": {host.address: {"ratelimit_headers": True}},
+        "RETRY_AFTER_SCOPES": [{"path": {host.address: ["/p"]}}],
+    }
+    crawler = await crawl([Request(host.url(f"/p/{i}")) for i in range(PAGES)], settings)
+    assert len({url for url, status in crawler.spider.seen if status == 200}) == PAGES
+    extension = RetryAfterExtension.of(crawler)
+    (slot,) = set(extension.tally.responses)
+    assert slot != host.address and extension.config.policy_for(slot).ratelimit_headers
+    throttles = len(server.arrivals(host, status=429))
+    assert throttles <= 2, f"{throttles} x 429: the scope slot's success path ignored its host's entry"
+
+
+@pytest.mark.parametrize("given", [7, "7"], ids=["int", "str"])
+@pytest_twisted.ensureDeferred
+async def test_a_non_string_download_slot_is_one_slot_on_every_path(server: Any, caplog: Any, given: Any) -> None:
+    """A user's ``download_slot`` meta of 7 (an int; Scrapy keys its downloader by it as it is):
+    ``slot_of`` makes it "7", and every path must name it so, or the board's "7" never sees a
+    success and its pace stays at the first cut (60 pages at 10 r/s took 59 s, the floor's 1 r/s)."""
+    host = server.add_host(HostConfig(rate=10.0, burst=1.0, penalty=1.0))
+    server.start()
+    requests = [Request(host.url(f"/{i}"), meta={"download_slot": given}) for i in range(PAGES)]
+    started = time.monotonic()
+    with caplog.at_level(logging.INFO):
+        crawler = await crawl(requests, {**ADDON, "CONCURRENT_REQUESTS": 16, "CONCURRENT_REQUESTS_PER_DOMAIN": 16})
+    elapsed = time.monotonic() - started
+    assert len({url for url, status in crawler.spider.seen if status == 200}) == PAGES
+    extension = RetryAfterExtension.of(crawler)
+    assert set(extension.tally.responses) == {"7"}, set(extension.tally.responses)
+    assert all(isinstance(slot, str) for slot in extension.board.kept_slots()), extension.board.kept_slots()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert elapsed < 2 * PAGES / 10.0 + 5.0, f"{elapsed:.1f} s: the pace never regrew"
