@@ -63,7 +63,8 @@ class RetryAfterMiddleware:
         self.rng = random.Random()
         self._all_codes = self.config.all_codes
         self._slot_policies, self._default_policy = self.config.slots, self.config.default
-        """``config.policy_for`` without a call, for the per-answer path."""
+        """``config.policy_for`` without a call, for the per-answer path (a scope slot's is its host's: ``_scope_bases``)."""
+        self._scope_bases = self.config.scope_bases
         self.give_up = extension.give_up
         self.events = SlotEvents(crawler, extension)
         self._watch_responses = any(
@@ -128,14 +129,14 @@ class RetryAfterMiddleware:
                 self.extension.tally.responded(self.extension.slot_of(request))
             return
         slot = request.meta.get("download_slot")  # written by the downloader before this signal
-        if slot is None:
+        if slot.__class__ is not str:  # unset, or a user's non-string key: slot_of names it as every other path does
             slot = self.extension.slot_of(request)
         self.extension.tally.responded(slot)
         if self.events.lines.kept:  # a burst is open somewhere: this answer may close it
             self.events.answered(slot, sent_at(request.meta, self.board.clock()))
         if response.status not in OUTAGE_STATUSES:
             self._pausing.answered(slot)
-        policy = self._slot_policies.get(slot, self._default_policy)
+        policy = self._slot_policies.get(slot) or (self.config.policy_for(slot) if self._scope_bases else self._default_policy)
         board = self.board
         if slot in board and board.success(slot, policy.budget_token_ratio, policy.budget_max_tokens):
             self.events.circuit_closed(slot)
