@@ -1,0 +1,76 @@
+"""Attacks on the pace memory (retry_after.hosts.json): what a run saves, and what it costs a changed host.
+
+"A remembered pace lives RETRY_AFTER_MEMORY_AGE" (docs/settings.rst): a pace a
+run only started at, never throttled, is not learned again, so the file's
+record keeps the time it was learned and ages out.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest_twisted
+from hypothesis import given
+from hypothesis import strategies as st
+from scrapy import Request
+
+from scrapy_retryafter.rate import RateController
+from scrapy_retryafter.testing.server import HostConfig, ThrottlingServer
+
+from .conftest import ADDON, crawl
+
+SETTINGS = {**ADDON, "CONCURRENT_REQUESTS": 16, "CONCURRENT_REQUESTS_PER_DOMAIN": 16}
+PAGES = 120
+
+
+@given(st.floats(1.0, 1e4), st.integers(0, 500), st.floats(0.001, 0.5))
+def test_a_remembered_pace_never_throttled_is_not_learned_again(rate: float, successes: int, gap: float) -> None:
+    pace = RateController()
+    now = 100.0  # a monotonic clock is never 0 in a crawl (0 is learned()'s "never cut")
+    pace.remembered(rate, now)
+    for _ in range(successes):
+        now += gap
+        pace.succeeded(pace.rate, now)
+    assert pace.learned() is None, (pace.learned(), rate)
+
+
+def test_a_remembered_pace_throttled_again_is_learned() -> None:
+    pace = RateController()
+    pace.remembered(20.0, 100.0)
+    pace.throttled(19.0, 105.0)
+    assert pace.learned() is not None
+
+
+async def crawl_once(park_file: Path, config: HostConfig) -> tuple[int, float, Any]:
+    server = ThrottlingServer()
+    host = server.add_host(config)
+    server.start()
+    try:
+        started = time.monotonic()
+        crawler = await crawl([Request(host.url(f"/{i}")) for i in range(PAGES)],
+                              {**SETTINGS, "RETRY_AFTER_PARK_FILE": str(park_file)})
+        elapsed = time.monotonic() - started
+        assert len({url for url, status in crawler.spider.seen if status == 200}) == PAGES
+        return len(server.arrivals(host, status=429)), elapsed, crawler
+    finally:
+        await server.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_run_that_was_never_throttled_does_not_renew_the_remembered_pace() -> None:
+    park_file = Path(tempfile.mkdtemp(prefix="hostpaces-")) / "parked.jsonl"
+    state = park_file.with_name("retry_after.hosts.json")
+    await crawl_once(park_file, HostConfig(rate=20.0, burst=1.0, penalty=1.0))
+    (first,) = json.loads(state.read_text())["hosts"].values()
+    time.sleep(1.1)  # the next save's stamp differs
+    throttles, elapsed, second = await crawl_once(park_file, HostConfig())  # the limit is gone
+    assert second.stats.get_value("retry_after/paces_loaded") == 1
+    assert throttles == 0
+    print(f"second run, limit gone: {elapsed:.2f} s for {PAGES} pages from a remembered {first['pace']['rate']:.1f} r/s")
+    (again,) = json.loads(state.read_text())["hosts"].values()
+    assert second.stats.get_value("retry_after/paces_saved") is None, (first, again)
+    assert again["pace"]["at"] == first["pace"]["at"], (first, again)
