@@ -16,12 +16,13 @@ import pytest_twisted
 from hypothesis import given
 from hypothesis import strategies as st
 from scrapy import Request
+from scrapy.utils.defer import maybe_deferred_to_future
 
 from scrapy_retryafter.extension import RetryAfterExtension
 from scrapy_retryafter.ratelimit import _PREFIXES, speaks_ratelimit
 from scrapy_retryafter.testing.server import HostConfig
 
-from .conftest import ADDON, crawl
+from .conftest import ADDON, ListSpider, crawl
 
 PAGES = 60
 
@@ -94,3 +95,42 @@ async def test_a_non_string_download_slot_is_one_slot_on_every_path(server: Any,
     assert all(isinstance(slot, str) for slot in extension.board.kept_slots()), extension.board.kept_slots()
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert elapsed < 2 * PAGES / 10.0 + 5.0, f"{elapsed:.1f} s: the pace never regrew"
+
+
+class _DirectSpider(ListSpider):
+    """Fetches its requests through ``engine.download`` (as a spider awaiting a page does): no scheduler."""
+
+    name = "direct"
+
+    async def start(self):  # type: ignore[override]
+        for request in self.to_send:
+            download = getattr(self.crawler.engine, "download_async", None)
+            if download is not None:
+                response = await download(request)
+            else:
+                response = await maybe_deferred_to_future(self.crawler.engine.download(request))
+            self.seen.append((response.url, response.status))
+            self.slots.append(response.request.meta.get("download_slot"))
+        return
+        yield
+
+    slots: list[Any]
+
+
+@pytest.mark.parametrize("setup", [ADDON, {"DOWNLOADER_MIDDLEWARES": {"scrapy_retryafter.RetryAfterMiddleware": 560}}],
+                         ids=["addon", "middleware-only"])
+@pytest_twisted.ensureDeferred
+async def test_a_request_that_bypasses_the_scheduler_is_keyed_by_its_scope_while_nothing_is_held(
+    server: Any, setup: dict[str, Any]
+) -> None:
+    """Before holds_none, process_request called slot_of for every request, writing the scope into
+    ``download_slot`` meta before the downloader keyed it; a request sent by ``engine.download`` is
+    scoped nowhere else. Without it the downloader keys it by its host while nothing is held, and a
+    429 then cools the host slot while the next such requests go out under the scope key."""
+    host = server.add_host(HostConfig())
+    server.start()
+    _DirectSpider.slots = []
+    requests = [Request(host.url(f"/{i}"), meta={"throttling_scopes": "tenant-a"}) for i in range(3)]
+    crawler = await crawl(requests, setup, spider_cls=_DirectSpider)
+    assert [status for _, status in crawler.spider.seen] == [200, 200, 200]
+    assert host.address not in _DirectSpider.slots, _DirectSpider.slots
