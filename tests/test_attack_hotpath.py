@@ -134,3 +134,51 @@ async def test_a_request_that_bypasses_the_scheduler_is_keyed_by_its_scope_while
     crawler = await crawl(requests, setup, spider_cls=_DirectSpider)
     assert [status for _, status in crawler.spider.seen] == [200, 200, 200]
     assert host.address not in _DirectSpider.slots, _DirectSpider.slots
+
+
+_SLOTS = ["a", "b", "c"]
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["cool", "throttle", "refuse", "blind", "remember", "restore", "sweep", "ready", "advance",
+                         "succeeded", "success"]),
+        st.sampled_from(_SLOTS),
+        st.floats(0.0, 1000.0),
+    ),
+    max_size=30,
+)
+
+
+@given(_OPS)
+def test_holds_none_is_not_slot_in_board_for_every_slot_whatever_the_board_did(ops: list[Any]) -> None:
+    """The early return equals the old per-slot check after any sequence of what fills or empties the board
+    (cooldowns, refusals, spent budgets, remembered paces, a JOBDIR snapshot restored, sweeps)."""
+    from scrapy_retryafter.board import CooldownBoard
+    from scrapy_retryafter.testing.clock import FakeClock
+
+    clock = FakeClock()
+    board = CooldownBoard(clock=clock, pace_memory=60.0)
+    for op, slot, x in ops:
+        if op == "cool":
+            board.cool(slot, x)
+        elif op == "throttle":
+            board.throttle(slot, clock(), x, learn=True, wake_jitter=0.0, circuit_threshold=3,
+                           circuit_open_seconds=x)
+        elif op == "refuse":
+            board.refuse(slot, x)
+        elif op == "blind":
+            board.spend_blind_retry(slot, 10.0)
+        elif op == "remember":
+            board.remember_paces({slot: max(x, 1.0)})
+        elif op == "restore":
+            board.restore(board.snapshot(), elapsed=x)
+        elif op == "sweep":
+            board.sweep()
+        elif op == "ready":
+            board.ready_at(slot)
+        elif op == "advance":
+            clock.advance(x)
+        elif op == "succeeded":
+            board.succeeded(slot)
+        else:
+            board.success(slot, 0.1, 10.0)
+        assert board.holds_none() is all(s not in board for s in _SLOTS), (op, slot, list(board))
