@@ -84,3 +84,57 @@ async def test_a_run_that_was_never_throttled_does_not_renew_the_remembered_pace
     (again,) = json.loads(state.read_text())["hosts"].values()
     assert second.stats.get_value("retry_after/paces_saved") is None, (first, again)
     assert again["pace"]["at"] == first["pace"]["at"], (first, again)
+
+
+@pytest.mark.parametrize(
+    "pace, seeded",
+    [
+        ('{"rate": NaN, "at": 1}', None),
+        ('{"rate": Infinity, "at": 1}', None),
+        ('{"rate": -Infinity, "at": 1}', None),
+        ('{"rate": 1e400, "at": 1}', None),
+        ('{"rate": 1e308, "at": 1}', None),  # bounded to 1e6, then over MAX_REMEMBERED: not seeded
+        ('{"rate": -5, "at": 1}', None),
+        ('{"rate": 0, "at": 1}', None),
+        ('{"rate": true, "at": 1}', None),
+        ('{"rate": "5", "at": 1}', None),
+        ('{"rate": [5], "at": 1}', None),
+        ('{"rate": 5}', None),
+        ('{"rate": 5, "at": NaN}', None),
+        ('{"rate": 5, "at": 1e308}', None),  # learned in the future
+        ('[5, 1]', None),
+        ('{"rate": 1e-300, "at": 1}', 1.0),  # bounded to 1e-6, seeded at the controller's floor
+        ('{"rate": 5, "at": 1, "burst": 3, "shape": {"x": 1}}', 5.0),  # a newer release's extra fields
+        ('{"rate": 9999, "at": 1}', 9999.0),
+    ],
+)
+def test_a_hostile_pace_is_set_aside_or_bounded_and_seeds_a_finite_pace(tmp_path: Path, pace: str, seeded: Any) -> None:
+    from scrapy_retryafter.board import CooldownBoard
+    from scrapy_retryafter.hostpaces import seeded_paces
+    from scrapy_retryafter.hoststate import HostMemory
+    from scrapy_retryafter.testing.clock import FakeClock
+
+    path = tmp_path / "retry_after.hosts.json"
+    path.write_text('{"version": 1, "hosts": {"h": {"updated": 1, "pace": %s}, "ok": {"updated": 1, '
+                    '"pace": {"rate": 3, "at": 1}}}}' % pace)
+    memory = HostMemory(path, clock=lambda: 3600.0, max_age=1e9)
+    board = CooldownBoard(clock=FakeClock())
+    seeded_paces(board, memory.load())
+    assert "ok" in board and board.rate("ok") is not None  # one bad record never takes the others down
+    rate = board.rate("h")
+    if seeded is None:
+        assert rate is None, rate
+    else:
+        assert rate is not None and rate == pytest.approx(max(1.0, seeded * 0.95), rel=0.01)
+
+
+def test_a_pace_for_100_000_hosts_keeps_the_newest_10_000(tmp_path: Path) -> None:
+    from scrapy_retryafter.hoststate import MAX_HOSTS, HostMemory
+
+    path = tmp_path / "retry_after.hosts.json"
+    hosts = {f"h{i}.example": {"updated": float(i), "pace": {"rate": 5, "at": float(i)}} for i in range(100_000)}
+    path.write_text(json.dumps({"version": 1, "hosts": hosts}))
+    started = time.monotonic()
+    loaded = HostMemory(path, clock=lambda: 200_000.0, max_age=1e9).load()
+    assert len(loaded) == MAX_HOSTS and "h99999.example" in loaded and "h0.example" not in loaded
+    assert time.monotonic() - started < 5.0
