@@ -62,12 +62,8 @@ class RetryAfterMiddleware:
         self.stats = crawler.stats
         self.rng = random.Random()
         self._all_codes = self.config.all_codes
-        self._slot_policies, self._default_policy = self.config.slots, self.config.default
-        """``config.policy_for`` without a call, for the per-answer path (a scope slot's is its host's: ``_scope_bases``)."""
-        self._scope_bases = self.config.scope_bases
-        self._scoped = extension.scopes.active
-        """Scopes configured: slot_of writes a request's scope before the downloader keys it
-        (a request that bypasses the scheduler is scoped nowhere else)."""
+        self._slot_policies, self._default_policy = self.config.slots, self.config.default  # policy_for, without a call
+        self._scope_bases, self._scoped = self.config.scope_bases, extension.scopes.active  # slot_of scopes: per request
         self.give_up = extension.give_up
         self.events = SlotEvents(crawler, extension)
         self._watch_responses = any(
@@ -107,8 +103,8 @@ class RetryAfterMiddleware:
         self, request: Request, spider: Spider | None = None
     ) -> Coroutine[Any, Any, Request | None] | Request | None:
         stamp_first_attempt(request.meta, time.time, self._deadlines)
-        if self.board.holds_none() and not self._scoped and "throttling_scopes" not in request.meta:
-            return None  # nothing throttled, no scope to write into download_slot: no slot to compute
+        if self.board.holds_none() and not self._scoped and "throttling_scopes" not in request.meta:  # no scope to write
+            return None
         slot = self.extension.slot_of(request)
         if slot not in self.board:
             return None
