@@ -115,8 +115,8 @@ def test_a_hostile_pace_is_set_aside_or_bounded_and_seeds_a_finite_pace(tmp_path
     from scrapy_retryafter.testing.clock import FakeClock
 
     path = tmp_path / "retry_after.hosts.json"
-    path.write_text('{"version": 1, "hosts": {"h": {"updated": 1, "pace": %s}, "ok": {"updated": 1, '
-                    '"pace": {"rate": 3, "at": 1}}}}' % pace)
+    ok = '"ok": {"updated": 1, "pace": {"rate": 3, "at": 1}}'
+    path.write_text('{"version": 1, "hosts": {"h": {"updated": 1, "pace": ' + pace + "}, " + ok + "}}")
     memory = HostMemory(path, clock=lambda: 3600.0, max_age=1e9)
     board = CooldownBoard(clock=FakeClock())
     seeded_paces(board, memory.load())
