@@ -62,8 +62,8 @@ class RetryAfterMiddleware:
         self.stats = crawler.stats
         self.rng = random.Random()
         self._all_codes = self.config.all_codes
-        self._slot_policies, self._default_policy = self.config.slots, self.config.default
-        """``config.policy_for`` without a call, for the per-answer path."""
+        self._slot_policies, self._default_policy = self.config.slots, self.config.default  # policy_for, without a call
+        self._scope_bases, self._scoped = self.config.scope_bases, extension.scopes.active  # slot_of scopes: per request
         self.give_up = extension.give_up
         self.events = SlotEvents(crawler, extension)
         self._watch_responses = any(
@@ -103,7 +103,7 @@ class RetryAfterMiddleware:
         self, request: Request, spider: Spider | None = None
     ) -> Coroutine[Any, Any, Request | None] | Request | None:
         stamp_first_attempt(request.meta, time.time, self._deadlines)
-        if self.board.holds_none():  # nothing throttled: no slot to compute (the downloader has not keyed it yet)
+        if self.board.holds_none() and not self._scoped and "throttling_scopes" not in request.meta:  # no scope to write
             return None
         slot = self.extension.slot_of(request)
         if slot not in self.board:
@@ -128,14 +128,14 @@ class RetryAfterMiddleware:
                 self.extension.tally.responded(self.extension.slot_of(request))
             return
         slot = request.meta.get("download_slot")  # written by the downloader before this signal
-        if slot is None:
+        if slot.__class__ is not str:  # unset, or a user's non-string key: slot_of names it as every other path does
             slot = self.extension.slot_of(request)
         self.extension.tally.responded(slot)
         if self.events.lines.kept:  # a burst is open somewhere: this answer may close it
             self.events.answered(slot, sent_at(request.meta, self.board.clock()))
         if response.status not in OUTAGE_STATUSES:
             self._pausing.answered(slot)
-        policy = self._slot_policies.get(slot, self._default_policy)
+        policy = self._slot_policies.get(slot) or (self.config.policy_for(slot) if self._scope_bases else self._default_policy)
         board = self.board
         if slot in board and board.success(slot, policy.budget_token_ratio, policy.budget_max_tokens):
             self.events.circuit_closed(slot)
