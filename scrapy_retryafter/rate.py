@@ -123,7 +123,7 @@ class RateController:
 
     __slots__ = (
         "rate", "peak", "last_cut", "resumed", "window", "beta", "min_rate", "ceiling", "starting", "scale", "passed",
-        "refused", "stretch", "served", "last",
+        "refused", "stretch", "served", "last", "cut_here",
     )
 
     def __init__(self, beta: float = 0.7, min_rate: float = 1.0) -> None:
@@ -148,6 +148,8 @@ class RateController:
         """How much slower than the probing constants say to probe: the last cooldown over PROBE_COOLDOWN."""
         self.served = 0
         """Successes since sending resumed after the last cut's cooldown."""
+        self.cut_here = False
+        """Throttled in this run: a pace only remembered or restored teaches the next run nothing new."""
         self.last: tuple[int, float, float] | None = None
         """The stretch of sending before the last cut: what it served, how long it lasted, and
         the pace it began at (this one's is ``start``); one field, None until a stretch ended,
@@ -186,6 +188,7 @@ class RateController:
 
     def throttled(self, measured: float, now: float) -> float:
         """Cut the rate: the server said this pace is too fast."""
+        self.cut_here = True
         base = self.rate or measured  # when paced, the pace is what was too fast
         hidden = self.sustained(now) if self.rate and now >= self.resumed else None
         held = self.last is not None and self.last[1] >= HELD
@@ -325,12 +328,14 @@ class RateController:
         return self
 
     def learned(self) -> float | None:
-        """The pace to remember for the next run, None when nothing was learned (never throttled).
+        """The pace to remember for the next run, None when nothing was learned (not throttled in this run).
 
         The plateau just under the last refusal; in slow start, the last pace
         the server let through (the current one is a step past it, untested).
+        A run that only started at a remembered pace saves nothing, so the record
+        ages out after RETRY_AFTER_MEMORY_AGE: a host whose limit rose is learned afresh.
         """
-        if not self.last_cut or not self.rate:
+        if not self.cut_here or not self.last_cut or not self.rate:
             return None
         if self.starting:
             pace = self.passed or self.rate

@@ -27,15 +27,7 @@ from .conftest import ADDON, crawl
 SETTINGS = {**ADDON, "CONCURRENT_REQUESTS": 16, "CONCURRENT_REQUESTS_PER_DOMAIN": 16}
 PAGES = 120
 
-RENEWED = pytest.mark.xfail(
-    strict=True,
-    reason="docs/settings.rst says a remembered pace lives RETRY_AFTER_MEMORY_AGE; the code re-saves a pace a run only "
-    "started at (test_hostpaces: 'no decay run after run'), so it is renewed by every run and never ages out: "
-    "docs or code to change, the lead's call",
-)
 
-
-@RENEWED
 @given(st.floats(1.0, 1e4), st.integers(0, 500), st.floats(0.001, 0.5))
 def test_a_remembered_pace_never_throttled_is_not_learned_again(rate: float, successes: int, gap: float) -> None:
     pace = RateController()
@@ -69,7 +61,6 @@ async def crawl_once(park_file: Path, config: HostConfig) -> tuple[int, float, A
         await server.stop()
 
 
-@RENEWED
 @pytest_twisted.ensureDeferred
 async def test_a_run_that_was_never_throttled_does_not_renew_the_remembered_pace() -> None:
     park_file = Path(tempfile.mkdtemp(prefix="hostpaces-")) / "parked.jsonl"

@@ -67,7 +67,9 @@ def test_the_next_run_starts_at_the_remembered_pace_without_slow_start_and_still
     clock.advance(20.0)
     fresh.succeeded("api.test")
     assert remembered < pace.rate < remembered * 1.1  # probing upward, slowly, in case the limit rose
-    assert pace.learned() == pytest.approx(pace.rate)  # what this run saves in turn: no decay run after run
+    assert pace.learned() is None  # not throttled here: the record stays as saved, and ages out
+    pace.throttled(pace.rate, clock.now)
+    assert pace.learned() is not None  # throttled again: this run's plateau is saved in turn
 
 
 def test_a_refused_host_is_left_to_its_refusal():
