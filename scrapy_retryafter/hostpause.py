@@ -274,8 +274,11 @@ class HostPauses:
 
     @staticmethod
     def _rearm(pause: Pause, now: float, backoff: Backoff, rng: Uniform) -> float:
+        # At least the pause's age (at most the cap): a failed probe never lets the next come sooner
+        # than the host has been down, so a burst and two probes never share a short outage.
         pause.probes += 1
-        wait = probe_interval(pause.probes, backoff, rng)
+        age = min(max(0.0, now - pause.since), max(backoff.cap, backoff.base))
+        wait = max(probe_interval(pause.probes, backoff, rng), age)
         pause.next_probe = now + wait
         pause.probe_out = 0.0
         return wait

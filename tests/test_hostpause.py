@@ -96,8 +96,23 @@ def test_one_probe_per_interval_and_a_failed_probe_waits_longer():
     pauses.released("h", clock.now)
     clock.now = 103.2
     event = fail(pauses, now=clock.now, sent_at=103.0)
-    assert not event.free and event.wait == pytest.approx(2.0)  # the probe spends its own retry
-    assert pauses.ready_at("h", clock.now) == pytest.approx(105.2)
+    # The probe spends its own retry; the next waits the longer of its interval (2 s) and the pause's age.
+    assert not event.free and event.wait == pytest.approx(3.2)
+    assert pauses.ready_at("h", clock.now) == pytest.approx(106.4)
+
+
+@given(st.lists(st.floats(0.0, 30.0), min_size=1, max_size=12))
+def test_a_failed_probe_never_lets_the_next_come_sooner_than_the_pause_is_old(delays):
+    """A 6 s outage with 8 requests in flight had two probes inside it (10 requests, 1.67/s) under load."""
+    pauses = HostPauses()
+    pauses.pause("h", "502", 0.0, BACKOFF, Top())
+    now = 0.0
+    for delay in delays:
+        now = pauses.ready_at("h", now) or now
+        now += delay
+        pauses.released("h", now)
+        fail(pauses, now=now, sent_at=now)
+        assert pauses.ready_at("h", now) >= now + min(now, BACKOFF.cap) - 1e-9
 
 
 def test_failures_of_requests_sent_before_the_pause_move_the_probe_one_interval_each_never_sooner():
