@@ -291,7 +291,7 @@ class ParkFile(CompactingLog):
                     bad.append(Bad(line, str(error), record_id, entry.url[:200]))
         ids = [record.id for record in chosen] or [record_id for _, record_id, _ in lines]
         if ids:
-            _append_claims(self, fd, ids)
+            _append_change(self, fd, "claim", ids, "claim records in")
         return Claimed(chosen, later, bad, lines, more)
 
     def clear(self, spider: str | None = None) -> int:
@@ -310,13 +310,7 @@ class ParkFile(CompactingLog):
                 try:
                     ids = [key for key, entry in fold.records.items() if _of_spider(entry, spider)]
                     if len(ids) < len(fold.records):  # other spiders' records stay
-                        size = self._seek_end(fd)
-                        try:
-                            self._write_all(fd, self._after_torn(fd, size) + self._changes("done", ids))
-                            self._fsync(fd)
-                        except OSError as error:
-                            self._cut_back(fd, size)
-                            raise ParkFileError(error.errno or errno.EIO, f"could not clear {self.path}: {error}") from error
+                        _append_change(self, fd, "done", ids, "clear")
                         return len(ids)
                     if fold.bad:
                         self._keep_aside(fold.bad)
@@ -329,15 +323,15 @@ class ParkFile(CompactingLog):
             os.close(dir_fd)
 
 
-def _append_claims(log: ParkFile, fd: int, ids: list[str]) -> None:
-    """One claim line for ``ids``, synced; cut back whole when the write fails."""
+def _append_change(log: ParkFile, fd: int, kind: str, ids: list[str], doing: str) -> None:
+    """One ``kind`` line for ``ids``, synced; cut back whole when the write fails."""
     end = log._seek_end(fd)
     try:
-        log._write_all(fd, log._after_torn(fd, end) + log._changes("claim", ids))
+        log._write_all(fd, log._after_torn(fd, end) + log._changes(kind, ids))
         log._fsync(fd)
     except OSError as error:
         log._cut_back(fd, end)
-        raise ParkFileError(error.errno or errno.EIO, f"could not claim records in {log.path}: {error}") from error
+        raise ParkFileError(error.errno or errno.EIO, f"could not {doing} {log.path}: {error}") from error
 
 
 class _Stale(Exception):
