@@ -89,6 +89,8 @@ PROBE_PRIORITY = 1 << 20
 """Added to the priority of a request held by a paused host, once per failure: its slot's probe is picked
 before fresh requests, the most failed first."""
 _MOST_FAILURES = 1000
+_SLACK = 1e-3
+"""Seconds a probe's estimated send time (its answer less its download latency) may read before its release."""
 
 
 def probe_priority(base: int, failures: int, spent: bool) -> int:
@@ -134,7 +136,7 @@ class PauseEvent:
 
 
 class Pause:
-    __slots__ = ("charged", "kind", "next_probe", "on_trial", "probe_out", "probes", "since")
+    __slots__ = ("charged", "kind", "next_probe", "on_trial", "probe_out", "probe_sent", "probes", "since")
 
     def __init__(self, kind: str, since: float) -> None:
         self.kind = kind
@@ -147,6 +149,8 @@ class Pause:
         self.next_probe = since
         self.probe_out = 0.0
         """Until when the probe sent is awaited (0.0: none out)."""
+        self.probe_sent: float | None = None
+        """When the last probe left (None: none since the pause began or its last probe failed)."""
 
 
 class HostPauses:
@@ -200,13 +204,15 @@ class HostPauses:
     ) -> PauseEvent:
         """A request to ``slot`` sent at ``sent_at`` failed as ``kind``; ``repeat``: it had failed before.
 
-        Paused already: a request sent during the pause was its probe (or slipped
+        Paused already: a request sent once the probe left was the probe (or slipped
         out with it), so the next probe waits a longer interval from now. One sent
-        before the pause is part of the event that started it, but the host saw it
-        too: it moves the next probe one interval later, so the host sees about one
-        request per interval, a burst in flight included, up to twice ``threshold``
-        such failures: a larger burst was sent before anyone knew, and 16 requests in
-        flight during a one-second blip once put the first probe a minute out.
+        before, even after the pause began (the downloader's own queue still held it),
+        is part of the burst that started it, but the host saw it too: it moves the
+        next probe one interval later, so the host sees about one request per interval,
+        a burst in flight included, up to twice ``threshold`` such failures: a larger
+        burst was sent before anyone knew, and 16 requests in flight during a
+        one-second blip once put the first probe a minute out. Counting queued ones
+        as failed probes once put a cold cache's first probe past a 20 s crawl.
 
         Once the host's failures proved to be its URLs' (a fresh request failed within
         ``LESSON_WINDOW`` of a pause's end), ``threshold`` failures of requests that failed before
@@ -221,7 +227,7 @@ class HostPauses:
         per_url = not repeat and lesson
         pause = self._pauses.get(slot)
         if pause is not None:
-            if sent_at < pause.since:
+            if pause.probe_sent is None or sent_at < pause.probe_sent - _SLACK:
                 if not per_url and pause.charged < 2 * max(1, threshold):
                     pause.charged += 1
                     later = max(pause.next_probe, now) + probe_interval(max(1, pause.probes), backoff, rng)
@@ -281,6 +287,7 @@ class HostPauses:
         wait = max(probe_interval(pause.probes, backoff, rng), age)
         pause.next_probe = now + wait
         pause.probe_out = 0.0
+        pause.probe_sent = None
         return wait
 
     def answered(self, slot: str, now: float) -> float | None:
@@ -307,6 +314,7 @@ class HostPauses:
         pause = self._pauses.get(slot)
         if pause is not None and now >= pause.next_probe and pause.probe_out <= now:
             pause.probe_out = now + probe_timeout
+            pause.probe_sent = now
 
     def remaining(self, slot: str, now: float) -> float:
         """Seconds until ``slot``'s next probe may leave."""

@@ -128,6 +128,23 @@ def test_failures_of_requests_sent_before_the_pause_move_the_probe_one_interval_
     assert pauses.pause_of("h").probes == 1  # the burst does not double the probes' interval
 
 
+def test_requests_the_downloader_sent_after_the_pause_began_but_before_its_probe_are_the_burst_not_probes():
+    """CI: 5 of 8 failures paused a cold cache at 0.06 s; 11 more queued in the downloader left by 0.09 s.
+    Each was taken for a failed probe, doubling the interval: no probe in the crawl's 20 s."""
+    pauses = HostPauses()
+    for _ in range(5):
+        fail(pauses, now=0.06, sent_at=0.05, threshold=5)
+    for i in range(11):
+        event = fail(pauses, now=0.1, sent_at=0.07 + i / 1000, threshold=5)
+        assert event.free  # the host's failure: it spends no retry
+    pause = pauses.pause_of("h")
+    assert pause.probes == 1
+    assert pauses.ready_at("h", 0.1) == pytest.approx(0.06 + 10.0)  # one interval per failure, twice the threshold at most
+    pauses.released("h", 10.06)
+    event = fail(pauses, now=10.2, sent_at=10.1, threshold=5)  # the probe's own failure
+    assert not event.free and pause.probes == 2
+
+
 @pytest.mark.parametrize(("in_flight", "first_probe"), [(5, 5.0), (8, 8.0), (10, 10.0), (16, 10.0), (100, 10.0)])
 def test_a_burst_in_flight_puts_the_first_probe_one_interval_per_request_out_up_to_twice_the_threshold(
     in_flight, first_probe
@@ -347,7 +364,8 @@ def test_a_run_of_fresh_failures_that_disproves_the_lesson_stops_it_being_taught
     for _ in range(20):
         pauses.failed("h", "502", t + 1, t + 1, 5, BACKOFF, repeat=False)
     assert "h" in pauses
-    pauses.failed("h", "502", t + 3, t + 2.5, 5, BACKOFF, repeat=True)  # its probe, a retry, fails too
+    pauses.released("h", t + 2.5)  # its probe, a retry, leaves, and fails too
+    pauses.failed("h", "502", t + 3, t + 2.5, 5, BACKOFF, repeat=True)
     pauses.answered("h", t + 5.0)
     events = [pauses.failed("h", "502", t + 5.5, t + 5.5, 5, BACKOFF, Top(), repeat=False) for _ in range(5)]
     assert events[-1].started  # fresh failures right after this pause are an outage again
