@@ -34,8 +34,9 @@ middlewares report failures and answers. Times are the board's clock.
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from .backoff import Backoff, Uniform
@@ -50,7 +51,9 @@ __all__ = [
     "HostPauses",
     "Pause",
     "PauseEvent",
+    "SENT",
     "exception_kind",
+    "left_at",
     "probe_interval",
     "own_priority",
     "probe_priority",
@@ -90,7 +93,19 @@ PROBE_PRIORITY = 1 << 20
 before fresh requests, the most failed first."""
 _MOST_FAILURES = 1000
 _SLACK = 1e-3
-"""Seconds a probe's estimated send time (its answer less its download latency) may read before its release."""
+SENT = "retry_after_sent"
+"""Meta: when the request last passed the middleware while its slot was on the board (board clock).
+Scrapy's ``download_latency`` is set only once headers arrive and retries copy it, so a probe reset at
+once read as sent seconds before it left."""
+
+
+def left_at(meta: Mapping[str, object], now: float) -> float:
+    """When a request left, as far as a pause goes: its ``SENT`` stamp, or -inf when it has none, or one
+    from the future (another process's clock): it left before its slot was held, so before any pause."""
+    stamp = meta.get(SENT)
+    if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) and stamp <= now:
+        return stamp
+    return -math.inf
 
 
 def probe_priority(base: int, failures: int, spent: bool) -> int:
@@ -150,7 +165,7 @@ class Pause:
         self.probe_out = 0.0
         """Until when the probe sent is awaited (0.0: none out)."""
         self.probe_sent: float | None = None
-        """When the last probe left (None: none since the pause began or its last probe failed)."""
+        """When the first probe since the pause began or its last probe failed left (None: none yet)."""
 
 
 class HostPauses:
@@ -204,15 +219,18 @@ class HostPauses:
     ) -> PauseEvent:
         """A request to ``slot`` sent at ``sent_at`` failed as ``kind``; ``repeat``: it had failed before.
 
-        Paused already: a request sent once the probe left was the probe (or slipped
-        out with it), so the next probe waits a longer interval from now. One sent
-        before, even after the pause began (the downloader's own queue still held it),
-        is part of the burst that started it, but the host saw it too: it moves the
+        Paused already: a request sent once a probe could leave (its first probe left,
+        or the time for it came) was the probe (or slipped out with it), so the next
+        probe waits a longer interval from now. One sent before, even after the pause
+        began (the downloader's own queue still held it), is part of the burst that
+        started it, but the host saw it too: it moves the
         next probe one interval later, so the host sees about one request per interval,
         a burst in flight included, up to twice ``threshold`` such failures: a larger
         burst was sent before anyone knew, and 16 requests in flight during a
         one-second blip once put the first probe a minute out. Counting queued ones
-        as failed probes once put a cold cache's first probe past a 20 s crawl.
+        as failed probes once put a cold cache's first probe past a 20 s crawl. One
+        sent in the pause before a probe could leave slipped out (``engine.download``
+        bypasses the queue): it moves the probe one interval too, with no cap.
 
         Once the host's failures proved to be its URLs' (a fresh request failed within
         ``LESSON_WINDOW`` of a pause's end), ``threshold`` failures of requests that failed before
@@ -227,8 +245,11 @@ class HostPauses:
         per_url = not repeat and lesson
         pause = self._pauses.get(slot)
         if pause is not None:
-            if pause.probe_sent is None or sent_at < pause.probe_sent - _SLACK:
-                if not per_url and pause.charged < 2 * max(1, threshold):
+            probe_from = pause.next_probe if pause.probe_sent is None else min(pause.probe_sent, pause.next_probe)
+            if sent_at < probe_from - _SLACK:
+                # Sent in the pause, it slipped out (engine.download): the board knew, so each costs one
+                # interval; only the burst sent before anyone knew is capped.
+                if not per_url and (sent_at >= pause.since or pause.charged < 2 * max(1, threshold)):
                     pause.charged += 1
                     later = max(pause.next_probe, now) + probe_interval(max(1, pause.probes), backoff, rng)
                     pause.next_probe = min(later, now + max(backoff.cap, backoff.base))
@@ -314,7 +335,8 @@ class HostPauses:
         pause = self._pauses.get(slot)
         if pause is not None and now >= pause.next_probe and pause.probe_out <= now:
             pause.probe_out = now + probe_timeout
-            pause.probe_sent = now
+            if pause.probe_sent is None:
+                pause.probe_sent = now
 
     def remaining(self, slot: str, now: float) -> float:
         """Seconds until ``slot``'s next probe may leave."""

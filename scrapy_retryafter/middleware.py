@@ -25,7 +25,7 @@ from .extension import RetryAfterExtension, SlotCoolingDown
 from .failures import PREVIOUS_WAIT, past_deadline, sent_at, stamp_first_attempt
 from .headers import parse_retry_after
 from .holding import THROTTLES
-from .hostpause import OUTAGE_STATUSES, OWN_PRIORITY
+from .hostpause import OUTAGE_STATUSES, OWN_PRIORITY, SENT
 from .logstats import RetryAfterLogStats
 from .pausing import Pausing, rank_for_probe
 from .policy import Decision, decide
@@ -114,11 +114,15 @@ class RetryAfterMiddleware:
             if self.board.remaining(slot):
                 # Left the scheduler before the throttle, reached us after it.
                 raise SlotCoolingDown(slot)
-            return None
-        way = self.room.admit(request, slot)
+            way = "go"
+        else:
+            way = self.room.admit(request, slot)
         if way == "hold":  # it bypassed the scheduler (robots.txt, engine.download)
             return self.room.hold_in_place(slot, request, self.give_up)
-        return None if way == "go" else self.room.bounced(request)
+        if way == "go":
+            request.meta[SENT] = self.board.clock()  # a pause tells its probe by this
+            return None
+        return self.room.bounced(request)
 
     def _response_downloaded(self, response: Response, request: Request, **kwargs: Any) -> None:
         # Fired before the downloader frees the transfer place and sends the

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from .eventlog import printable
 from .failures import NOT_BEFORE, host_down_wait, sent_at
-from .hostpause import FAILURES, OWN_PRIORITY, PROBED_OUT, PauseEvent, own_priority, probe_priority
+from .hostpause import FAILURES, OWN_PRIORITY, PROBED_OUT, PauseEvent, left_at, own_priority, probe_priority
 from .retry_reporting import add_seconds
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ class Pausing:
         """A request of ``slot`` failed as ``kind``: count it toward a pause, or move the paused slot's next probe."""
         now = self.board.clock()
         event = self.board.pauses.failed(
-            slot, kind, now, sent_at(request.meta, now), policy.host_down_threshold, policy.backoff, self.rng,
+            slot, kind, now, self._left(request, now), policy.host_down_threshold, policy.backoff, self.rng,
             repeat=failed_before(request.meta),
         )
         self._carry_out(slot, kind, event, f"{policy.host_down_threshold} {kind} failures in a row")
@@ -114,6 +114,10 @@ class Pausing:
         retry.meta[NOT_BEFORE] = now if paused else now + wait
         rank_for_probe(request, retry, paused, spent_probe)
 
+    def _left(self, request: Request, now: float) -> float:
+        # RetryAfterMiddleware stamps what leaves a held slot; without it, only the answer's latency tells.
+        return left_at(request.meta, now) if self.extension.throttles_installed else sent_at(request.meta, now)
+
     def pause(self, request: Request, slot: str, policy: SlotPolicy, kind: str, why: str) -> PauseEvent:
         """Pause ``slot`` at once (the retry budget is spent), or move its next probe if paused."""
         board = self.board
@@ -121,7 +125,7 @@ class Pausing:
         if pause is not None:
             now = board.clock()
             event = board.pauses.failed(
-                slot, kind, now, sent_at(request.meta, now), policy.host_down_threshold, policy.backoff, self.rng,
+                slot, kind, now, self._left(request, now), policy.host_down_threshold, policy.backoff, self.rng,
                 repeat=failed_before(request.meta),
             )
         else:

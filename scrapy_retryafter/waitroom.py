@@ -28,6 +28,7 @@ from scrapy.exceptions import DontCloseSpider, IgnoreRequest
 from . import scrapy_compat
 from .breaker import OPEN
 from .holding import THROTTLES
+from .hostpause import SENT
 from .parkrebuild import PARKED
 from .timers import call_later
 
@@ -121,6 +122,7 @@ class WaitingRoom:
             if board.refused(slot):
                 return self.extension.refusals.arriving(request, slot, give_up)
             board.released(slot)
+            request.meta[SENT] = board.clock()
             return None
         finally:
             self._holding[slot] -= 1

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scrapy_retryafter.backoff import Backoff
 from scrapy_retryafter.board import CooldownBoard
-from scrapy_retryafter.hostpause import PROBE_PRIORITY, HostPauses, exception_kind, probe_interval, probe_priority
+from scrapy_retryafter.hostpause import (
+    PROBE_PRIORITY,
+    SENT,
+    HostPauses,
+    exception_kind,
+    left_at,
+    probe_interval,
+    probe_priority,
+)
 from scrapy_retryafter.testing.clock import FakeClock
 
 BACKOFF = Backoff("full", 1.0, 60.0)
@@ -134,8 +145,9 @@ def test_requests_the_downloader_sent_after_the_pause_began_but_before_its_probe
     pauses = HostPauses()
     for _ in range(5):
         fail(pauses, now=0.06, sent_at=0.05, threshold=5)
-    for i in range(11):
-        event = fail(pauses, now=0.1, sent_at=0.07 + i / 1000, threshold=5)
+    for _ in range(11):
+        # Their latency says they left at 0.07-0.09 s; the middleware passed them while nothing held the slot.
+        event = fail(pauses, now=0.1, sent_at=left_at({}, 0.1), threshold=5)
         assert event.free  # the host's failure: it spends no retry
     pause = pauses.pause_of("h")
     assert pause.probes == 1
@@ -143,6 +155,68 @@ def test_requests_the_downloader_sent_after_the_pause_began_but_before_its_probe
     pauses.released("h", 10.06)
     event = fail(pauses, now=10.2, sent_at=10.1, threshold=5)  # the probe's own failure
     assert not event.free and pause.probes == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    threshold=st.integers(1, 8), base=st.floats(0.1, 2.0), cap=st.floats(2.0, 30.0), burst=st.integers(0, 20),
+    answer=st.floats(0.001, 5.0), seed=st.integers(0, 2**32),
+)
+def test_a_released_probe_that_fails_makes_the_next_probe_due_within_the_cap_or_the_pause_age(
+    threshold, base, cap, burst, answer, seed
+):
+    """The probe's stamp is taken as it passes the middleware, after its release; a failure it sees
+    (a reset at once, a timeout) re-arms the pause: an estimate from a previous attempt's latency once
+    read it as part of the burst, and the host got nothing more until the 60 s probe timeout."""
+    rng = random.Random(seed)
+    backoff = Backoff("full", base, cap)
+    pauses = HostPauses()
+    for _ in range(threshold + burst):
+        pauses.failed("h", "502", 10.0, 9.9, threshold, backoff, rng, repeat=False)
+    release = max(pauses.ready_at("h", 10.0), 10.0)
+    pauses.released("h", release)
+    now = release + answer
+    event = pauses.failed("h", "reset", now, release, threshold, backoff, rng)
+    assert not event.free and "h" in pauses
+    assert pauses.ready_at("h", now) - now <= max(cap, now - 10.0) + 1e-9
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    threshold=st.integers(1, 8), base=st.floats(0.1, 2.0), cap=st.floats(2.0, 60.0), burst=st.integers(0, 20),
+    late=st.floats(0.0, 30.0), seed=st.integers(0, 2**32),
+)
+def test_a_request_that_left_without_a_release_once_a_probe_was_due_holds_the_host_again(
+    threshold, base, cap, burst, late, seed
+):
+    """engine.download bypasses the queue's release: such a request, failing once the probe was due, is
+    the probe. Taken for the burst, each free retry went straight out again: 2311 requests in an 8 s outage."""
+    rng = random.Random(seed)
+    backoff = Backoff("full", base, cap)
+    pauses = HostPauses()
+    for _ in range(threshold + burst):
+        pauses.failed("h", "502", 10.0, 9.9, threshold, backoff, rng, repeat=False)
+    due = max(pauses.ready_at("h", 10.0), 10.0)
+    now = due + late + 0.01
+    pauses.failed("h", "502", now, due + late, threshold, backoff, rng)
+    assert pauses.ready_at("h", now) > now
+
+
+def test_a_probe_that_hangs_past_the_probe_timeout_still_counts_as_the_failed_probe():
+    """A second probe leaves when the first is 60 s out; the first one's failure is still the probe's."""
+    pauses = HostPauses()
+    pauses.pause("h", "502", 0.0, BACKOFF, Top())
+    first = pauses.ready_at("h", 0.0)
+    pauses.released("h", first, probe_timeout=60.0)
+    pauses.released("h", first + 60.0, probe_timeout=60.0)  # its replacement
+    event = fail(pauses, now=first + 120.0, sent_at=first)
+    assert not event.free and pauses.pause_of("h").probes == 2
+
+
+def test_a_stamp_from_the_future_or_none_is_before_any_pause():
+    assert left_at({SENT: 5.0}, 6.0) == 5.0
+    for meta in ({}, {SENT: 7.0}, {SENT: "5"}, {SENT: True}, {SENT: float("nan")}):
+        assert left_at(meta, 6.0) == -math.inf
 
 
 @pytest.mark.parametrize(("in_flight", "first_probe"), [(5, 5.0), (8, 8.0), (10, 10.0), (16, 10.0), (100, 10.0)])
