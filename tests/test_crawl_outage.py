@@ -8,6 +8,7 @@ at once, parked or to its errback.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -17,7 +18,7 @@ from scrapy import Request
 
 from scrapy_retryafter.testing.server import HostConfig
 
-from .conftest import ADDON, crawl
+from .conftest import ADDON, ListSpider, crawl
 
 MIDDLEWARE_ONLY = {"DOWNLOADER_MIDDLEWARES": {"scrapy_retryafter.RetryAfterMiddleware": 560}}
 
@@ -135,3 +136,38 @@ async def test_a_request_held_by_a_paused_host_past_its_deadline_is_parked_not_s
         assert a.t - first[a.path] <= 2.0 + 0.5, (a.path, a.t - first[a.path])  # no retry past the deadline
     assert parked | ok | {f.request.url for f in crawler.spider.failures} == {r.url for r in requests}
     assert {r["reason"] for r in records} <= {"deadline"}
+
+
+class DirectSpider(ListSpider):
+    """Sends its requests with engine.download_async: they bypass the scheduler and the add-on's queue."""
+
+    name = "direct"
+
+    async def start(self):  # type: ignore[override]
+        async def one(request: Request) -> None:
+            try:
+                response = await self.crawler.engine.download_async(request)
+                self.seen.append((response.url, response.status))
+            except Exception as error:
+                self.failures.append(error)
+
+        await asyncio.gather(*[one(request) for request in self.to_send])
+        return
+        yield
+
+
+@pytest.mark.parametrize("mode", [ADDON, MIDDLEWARE_ONLY], ids=["add-on", "middleware only"])
+@pytest_twisted.ensureDeferred
+async def test_requests_that_bypass_the_scheduler_see_a_down_host_at_about_one_per_probe_interval(server, mode):
+    """engine.download_async sends to a paused host whenever its cooldown ends; each such failure once was
+    taken for the burst that started the pause, and every free retry went straight out: 2311 requests in
+    8 s. Backoff base 0.2 s: probe intervals 0.1-0.2 s, doubling to the 60 s cap."""
+    length = 8.0
+    host = server.add_host(HostConfig(status=502, outage=(0.0, length)))
+    server.start()
+    requests = [Request(host.url(f"/{i}")) for i in range(8)]
+    crawler = await crawl(requests, {**mode, "RETRY_AFTER_BACKOFF_BASE": 0.2, "CLOSESPIDER_TIMEOUT": 15}, DirectSpider)
+    rate, count = outage_rate(server, host, length)
+    print(f"engine.download through an {length:g}s 502 outage: {count} requests in it ({rate:.2f}/s)")
+    assert count <= 32, count  # the 8 sent at once, then about one per interval
+    assert len(crawler.spider.seen) + len(crawler.spider.failures) == 8
