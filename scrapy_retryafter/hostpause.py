@@ -92,7 +92,8 @@ PROBE_PRIORITY = 1 << 20
 """Added to the priority of a request held by a paused host, once per failure: its slot's probe is picked
 before fresh requests, the most failed first."""
 _MOST_FAILURES = 1000
-_SLACK = 1e-3
+WITHDRAWN_AFTER = 2.0
+"""Seconds a released probe may take to reach the middleware (it gets there within the reactor turn)."""
 SENT = "retry_after_sent"
 """Meta: when the request last passed the middleware while its slot was on the board (board clock).
 Scrapy's ``download_latency`` is set only once headers arrive and retries copy it, so a probe reset at
@@ -151,7 +152,7 @@ class PauseEvent:
 
 
 class Pause:
-    __slots__ = ("charged", "kind", "next_probe", "on_trial", "probe_out", "probe_sent", "probes", "since")
+    __slots__ = ("charged", "kind", "left", "next_probe", "on_trial", "probe_out", "probes", "released", "since")
 
     def __init__(self, kind: str, since: float) -> None:
         self.kind = kind
@@ -164,16 +165,21 @@ class Pause:
         self.next_probe = since
         self.probe_out = 0.0
         """Until when the probe sent is awaited (0.0: none out)."""
-        self.probe_sent: float | None = None
-        """When the first probe since the pause began or its last probe failed left (None: none yet)."""
+        self.released = 0.0
+        """When the probe out was released."""
+        self.left = False
+        """The probe out passed the middleware toward the host."""
 
 
 class HostPauses:
     """Per slot: failures of one kind in a row, and the pause they started."""
 
-    __slots__ = ("_host_wide", "_pauses", "_repeats_only", "_resumed", "_streaks")
+    __slots__ = ("_host_wide", "_pauses", "_repeats_only", "_resumed", "_streaks", "tracks_departures")
 
     def __init__(self) -> None:
+        self.tracks_departures = False
+        """The shell reports each probe that leaves (``left``): one released that did not within
+        ``WITHDRAWN_AFTER`` (parked past its deadline, sent back, refused) frees the host for the next."""
         self._streaks: dict[str, tuple[str, int, int, float]] = {}
         """Slot -> (kind, failures of that kind in a row, how many of them repeated one, when the last happened)."""
         self._pauses: dict[str, Pause] = {}
@@ -219,18 +225,17 @@ class HostPauses:
     ) -> PauseEvent:
         """A request to ``slot`` sent at ``sent_at`` failed as ``kind``; ``repeat``: it had failed before.
 
-        Paused already: a request sent once a probe could leave (its first probe left,
-        or the time for it came) was the probe (or slipped out with it), so the next
-        probe waits a longer interval from now. One sent before, even after the pause
-        began (the downloader's own queue still held it), is part of the burst that
-        started it, but the host saw it too: it moves the
-        next probe one interval later, so the host sees about one request per interval,
-        a burst in flight included, up to twice ``threshold`` such failures: a larger
-        burst was sent before anyone knew, and 16 requests in flight during a
-        one-second blip once put the first probe a minute out. Counting queued ones
-        as failed probes once put a cold cache's first probe past a 20 s crawl. One
-        sent in the pause before a probe could leave slipped out (``engine.download``
-        bypasses the queue): it moves the probe one interval too, with no cap.
+        Paused already: a request sent during the pause was its probe (or slipped
+        out with it), so the next probe waits a longer interval from now. One sent
+        before, even if it reached the host after the pause began (the downloader's
+        own queue still held it), is part of the burst that started it, but the host
+        saw it too: it moves the next probe one interval later, so the host sees about
+        one request per interval, a burst in flight included, up to twice ``threshold``
+        such failures: a larger burst was sent before anyone knew, and 16 requests in
+        flight during a one-second blip once put the first probe a minute out. When a
+        request left is the shell's stamp (``left_at``), not its answer's latency:
+        counting queued ones as failed probes once put a cold cache's first probe
+        past a 20 s crawl.
 
         Once the host's failures proved to be its URLs' (a fresh request failed within
         ``LESSON_WINDOW`` of a pause's end), ``threshold`` failures of requests that failed before
@@ -245,11 +250,8 @@ class HostPauses:
         per_url = not repeat and lesson
         pause = self._pauses.get(slot)
         if pause is not None:
-            probe_from = pause.next_probe if pause.probe_sent is None else min(pause.probe_sent, pause.next_probe)
-            if sent_at < probe_from - _SLACK:
-                # Sent in the pause, it slipped out (engine.download): the board knew, so each costs one
-                # interval; only the burst sent before anyone knew is capped.
-                if not per_url and (sent_at >= pause.since or pause.charged < 2 * max(1, threshold)):
+            if sent_at < pause.since:
+                if not per_url and pause.charged < 2 * max(1, threshold):
                     pause.charged += 1
                     later = max(pause.next_probe, now) + probe_interval(max(1, pause.probes), backoff, rng)
                     pause.next_probe = min(later, now + max(backoff.cap, backoff.base))
@@ -308,7 +310,6 @@ class HostPauses:
         wait = max(probe_interval(pause.probes, backoff, rng), age)
         pause.next_probe = now + wait
         pause.probe_out = 0.0
-        pause.probe_sent = None
         return wait
 
     def answered(self, slot: str, now: float) -> float | None:
@@ -327,7 +328,11 @@ class HostPauses:
         if pause is None:
             return 0.0
         if pause.probe_out > now:
-            return pause.probe_out
+            if pause.left or not self.tracks_departures:
+                return pause.probe_out
+            if now < pause.released + WITHDRAWN_AFTER:
+                return pause.released + WITHDRAWN_AFTER  # ask again then: it may never leave
+            pause.probe_out = 0.0  # it never left: a probe held past its deadline once held its host 60 s
         return pause.next_probe if pause.next_probe > now else 0.0
 
     def released(self, slot: str, now: float, probe_timeout: float = PROBE_TIMEOUT) -> None:
@@ -335,8 +340,13 @@ class HostPauses:
         pause = self._pauses.get(slot)
         if pause is not None and now >= pause.next_probe and pause.probe_out <= now:
             pause.probe_out = now + probe_timeout
-            if pause.probe_sent is None:
-                pause.probe_sent = now
+            pause.released, pause.left = now, False
+
+    def left(self, slot: str) -> None:
+        """A request of ``slot`` passed the middleware toward the host: the probe released, if one is out."""
+        pause = self._pauses.get(slot)
+        if pause is not None and pause.probe_out:
+            pause.left = True
 
     def remaining(self, slot: str, now: float) -> float:
         """Seconds until ``slot``'s next probe may leave."""

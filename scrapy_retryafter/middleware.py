@@ -91,6 +91,7 @@ class RetryAfterMiddleware:
             raise NotConfigured("RETRY_AFTER_ENABLED is False")
         middleware = cls(crawler, extension)
         extension.throttles_installed = True
+        extension.board.pauses.tracks_departures = True
         middleware.floors = SlotFloors.running_in(crawler)
         register_ban_handler(crawler, middleware.bans.spider_ban)
         crawler.signals.connect(middleware.events.check_neighbours, signal=signals.spider_opened)
@@ -121,6 +122,7 @@ class RetryAfterMiddleware:
             return self.room.hold_in_place(slot, request, self.give_up)
         if way == "go":
             request.meta[SENT] = self.board.clock()  # a pause tells its probe by this
+            self.board.pauses.left(slot)
             return None
         return self.room.bounced(request)
 

@@ -123,6 +123,7 @@ class WaitingRoom:
                 return self.extension.refusals.arriving(request, slot, give_up)
             board.released(slot)
             request.meta[SENT] = board.clock()
+            board.pauses.left(slot)
             return None
         finally:
             self._holding[slot] -= 1

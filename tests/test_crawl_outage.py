@@ -136,6 +136,10 @@ async def test_a_request_held_by_a_paused_host_past_its_deadline_is_parked_not_s
         assert a.t - first[a.path] <= 2.0 + 0.5, (a.path, a.t - first[a.path])  # no retry past the deadline
     assert parked | ok | {f.request.url for f in crawler.spider.failures} == {r.url for r in requests}
     assert {r["reason"] for r in records} <= {"deadline"}
+    # The probe released then parked past its deadline never left: it held the host until the 60 s probe timeout.
+    took = crawler.stats.get_value("elapsed_time_seconds")
+    print(f"held past the deadline: {len(ok)} ok, {len(parked)} parked in {took:.1f}s")
+    assert took < 20.0, took
 
 
 class DirectSpider(ListSpider):

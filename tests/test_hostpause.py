@@ -13,7 +13,9 @@ from scrapy_retryafter.backoff import Backoff
 from scrapy_retryafter.board import CooldownBoard
 from scrapy_retryafter.hostpause import (
     PROBE_PRIORITY,
+    PROBE_TIMEOUT,
     SENT,
+    WITHDRAWN_AFTER,
     HostPauses,
     exception_kind,
     left_at,
@@ -211,6 +213,28 @@ def test_a_probe_that_hangs_past_the_probe_timeout_still_counts_as_the_failed_pr
     pauses.released("h", first + 60.0, probe_timeout=60.0)  # its replacement
     event = fail(pauses, now=first + 120.0, sent_at=first)
     assert not event.free and pauses.pause_of("h").probes == 2
+
+
+def test_a_released_probe_that_never_left_frees_the_host_for_the_next_after_a_grace():
+    """Parked past its deadline before it was sent, a probe held its host for the 60 s probe timeout."""
+    pauses = HostPauses()
+    pauses.tracks_departures = True
+    pauses.pause("h", "502", 0.0, BACKOFF, Top())
+    due = pauses.ready_at("h", 0.0)
+    pauses.released("h", due)
+    assert pauses.ready_at("h", due) == pytest.approx(due + WITHDRAWN_AFTER)  # the queue asks again then
+    assert pauses.ready_at("h", due + WITHDRAWN_AFTER) == 0.0
+    pauses.released("h", due + WITHDRAWN_AFTER)
+    pauses.left("h")  # this one left: its outcome is awaited
+    assert pauses.ready_at("h", due + 30.0) == pytest.approx(due + WITHDRAWN_AFTER + PROBE_TIMEOUT)
+
+
+def test_without_departures_reported_a_released_probe_is_awaited_until_the_timeout():
+    pauses = HostPauses()
+    pauses.pause("h", "502", 0.0, BACKOFF, Top())
+    due = pauses.ready_at("h", 0.0)
+    pauses.released("h", due)
+    assert pauses.ready_at("h", due + 30.0) == pytest.approx(due + PROBE_TIMEOUT)
 
 
 def test_a_stamp_from_the_future_or_none_is_before_any_pause():
