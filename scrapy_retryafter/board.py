@@ -159,15 +159,15 @@ class CooldownBoard(SlotPaces):
         woken = state.next_release if state.next_release > now else 0.0
         return max(woken, paced)
 
-    def released(self, slot: str) -> None:
-        """Record that one held request of ``slot`` left during its wake window."""
+    def released(self, slot: str) -> float | None:
+        """Record that one held request of ``slot`` left during its wake window; return its
+        probe mark when it is its paused host's probe (hostpause.PROBE)."""
         state = self._slots.get(slot)
         if state is None:
-            return
+            return None
         now = self.clock()
         state.last_seen = now
-        if self.pauses:
-            self.pauses.released(slot, now)
+        mark = self.pauses.released(slot, now) if self.pauses else None
         if state.breaker is not None:
             state.breaker.released(now)
         if state.pace is not None:
@@ -180,7 +180,7 @@ class CooldownBoard(SlotPaces):
                 late = min(max(now - state.next_paced, 0.0), LATE_CREDIT * interval)
             state.next_paced = now + interval - late
         if state.wake_left <= 0:
-            return
+            return mark
         state.wake_left -= 1
         if state.wake_left:
             state.next_release = next_release(
@@ -189,6 +189,7 @@ class CooldownBoard(SlotPaces):
                 state.wake_left,
                 self.rng.random(),
             )
+        return mark
 
     def breaker_throttled(self, slot: str, sent_at: float, threshold: int, open_seconds: float) -> bool:
         """Count a throttle for the slot's breaker (call before cooling); True if it opened."""

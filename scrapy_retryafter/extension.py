@@ -23,6 +23,7 @@ from . import scrapy_compat
 from .board import CooldownBoard
 from .breaker import OPEN
 from .holding import DownloaderHold, GiveUp
+from .hostpause import PROBE
 from .jobstate import STATE_FILE, load_board, save_board
 from .parking import Parking
 from .refusals import Refusals
@@ -224,6 +225,13 @@ class RetryAfterExtension:
         for queue in self.queues:
             queue.look_again(slot)
 
+    def probe_withdrawn(self, slot: str, request: Request) -> None:
+        """``request`` will not reach the host now (parked past its deadline, sent back, put back to
+        wait): if it was its paused host's probe, the next may leave at once."""
+        if self.board.pauses.withdrawn(slot, request.meta.get(PROBE)):
+            self.sooner(slot)
+            self.wake_at(self.clock())
+
     def wake_at(self, when: float) -> None:
         """Make the engine look at the scheduler again at ``when`` (clock time)."""
         if when >= self._timer_at:
@@ -250,7 +258,8 @@ class RetryAfterExtension:
         waiting = scrapy_compat.take_queued(self.crawler, slot)
         if not waiting:
             return 0
-        for _request, deferred in waiting:
+        for request, deferred in waiting:
+            self.probe_withdrawn(slot, request)  # a probe not on the wire yet
             deferred.errback(Failure(SlotCoolingDown(slot)))
         self.stats.inc_value("retry_after/sent_back", len(waiting))
         return len(waiting)

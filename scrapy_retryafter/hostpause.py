@@ -51,6 +51,7 @@ __all__ = [
     "HostPauses",
     "Pause",
     "PauseEvent",
+    "PROBE",
     "SENT",
     "exception_kind",
     "left_at",
@@ -92,8 +93,12 @@ PROBE_PRIORITY = 1 << 20
 """Added to the priority of a request held by a paused host, once per failure: its slot's probe is picked
 before fresh requests, the most failed first."""
 _MOST_FAILURES = 1000
-WITHDRAWN_AFTER = 2.0
-"""Seconds a released probe may take to reach the middleware (it gets there within the reactor turn)."""
+WITHDRAWN_AFTER = 10.0
+"""Seconds a released probe may take to reach the middleware before the host is freed for the next: it
+gets there within the reactor turn but for slow middlewares before it (3 s ones sent two probes at 2 s);
+the known ways not to get there withdraw it at once."""
+PROBE = "retry_after_probe"
+"""Meta: the release mark of a request released as its paused host's probe (``HostPauses.released``)."""
 SENT = "retry_after_sent"
 """Meta: when the request last passed the middleware while its slot was on the board (board clock).
 Scrapy's ``download_latency`` is set only once headers arrive and retries copy it, so a probe reset at
@@ -335,18 +340,36 @@ class HostPauses:
             pause.probe_out = 0.0  # it never left: a probe held past its deadline once held its host 60 s
         return pause.next_probe if pause.next_probe > now else 0.0
 
-    def released(self, slot: str, now: float, probe_timeout: float = PROBE_TIMEOUT) -> None:
-        """A request of ``slot`` left: while paused, it is the probe, and the next waits for its outcome."""
+    def released(self, slot: str, now: float, probe_timeout: float = PROBE_TIMEOUT) -> float | None:
+        """A request of ``slot`` left the queue: while paused, it is the probe, and the next waits for
+        its outcome. Returns the probe's mark (``PROBE`` meta) when it became the probe, else None."""
         pause = self._pauses.get(slot)
         if pause is not None and now >= pause.next_probe and pause.probe_out <= now:
             pause.probe_out = now + probe_timeout
             pause.released, pause.left = now, False
+            return now
+        return None
 
-    def left(self, slot: str) -> None:
-        """A request of ``slot`` passed the middleware toward the host: the probe released, if one is out."""
+    def _probe(self, slot: str, mark: object) -> Pause | None:
         pause = self._pauses.get(slot)
-        if pause is not None and pause.probe_out:
+        if pause is None or not pause.probe_out or mark != pause.released or isinstance(mark, bool):
+            return None
+        return pause  # the probe out is this request (a copied meta carries an older mark)
+
+    def left(self, slot: str, mark: object) -> None:
+        """The request marked ``mark`` passed the middleware toward the host."""
+        pause = self._probe(slot, mark)
+        if pause is not None:
             pause.left = True
+
+    def withdrawn(self, slot: str, mark: object) -> bool:
+        """The request marked ``mark`` will not reach the host now (parked past its deadline, sent
+        back, put back to wait): True when it was the probe out, and the host is free for the next."""
+        pause = self._probe(slot, mark)
+        if pause is None:
+            return False
+        pause.probe_out, pause.left = 0.0, False
+        return True
 
     def remaining(self, slot: str, now: float) -> float:
         """Seconds until ``slot``'s next probe may leave."""

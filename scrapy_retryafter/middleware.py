@@ -25,7 +25,7 @@ from .extension import RetryAfterExtension, SlotCoolingDown
 from .failures import PREVIOUS_WAIT, past_deadline, sent_at, stamp_first_attempt
 from .headers import parse_retry_after
 from .holding import THROTTLES
-from .hostpause import OUTAGE_STATUSES, OWN_PRIORITY, SENT
+from .hostpause import OUTAGE_STATUSES, OWN_PRIORITY, PROBE, SENT
 from .logstats import RetryAfterLogStats
 from .pausing import Pausing, rank_for_probe
 from .policy import Decision, decide
@@ -122,7 +122,7 @@ class RetryAfterMiddleware:
             return self.room.hold_in_place(slot, request, self.give_up)
         if way == "go":
             request.meta[SENT] = self.board.clock()  # a pause tells its probe by this
-            self.board.pauses.left(slot)
+            self.board.pauses.left(slot, request.meta.get(PROBE))
             return None
         return self.room.bounced(request)
 

@@ -29,6 +29,7 @@ from scrapy.pqueues import DownloaderAwarePriorityQueue
 
 from .extension import RetryAfterExtension
 from .failures import NOT_BEFORE
+from .hostpause import PROBE
 from .scrapy_compat import (
     ROUND_ROBIN,
     downloader_slots,
@@ -154,6 +155,9 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
             return False
         if self.key:
             _check_serializable(request, self.crawler)
+        if PROBE in request.meta:  # released as its paused host's probe, it waits again: the host is free
+            self._extension.probe_withdrawn(self._extension.slot_of(request), request)
+            del request.meta[PROBE]
         heappush(self._waiting, (not_before, next(self._order), request))
         return True
 
@@ -181,7 +185,9 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
         queue = self.pqueues[slot]
         request = queue.pop()
         if self._board.holds(slot):
-            self._board.released(slot)
+            mark = self._board.released(slot)
+            if mark is not None and request is not None:
+                request.meta[PROBE] = mark
         if len(queue):
             self._choice.add(slot)
             return request

@@ -137,14 +137,14 @@ class RetryMiddleware(ScrapyRetryMiddleware):
         return self._wait_in_downloader(request, float(not_before))
 
     def _held_past_deadline(self, request: Request) -> Request | None:
-        """A retry held (a paused host, a cooling slot) until after its deadline is not sent:
-        parked, or IgnoreRequest to its errback. None when it is in time."""
+        """A retry held past its deadline is not sent: parked, or IgnoreRequest to its errback (None: in time)."""
         slot = self._retry_after.slot_of(request)
         policy = self._retry_after.config.policy_for(slot)
         late = past_deadline(request.meta, policy.deadline, self._wall(), 0.0)
         if late is None:
             return None
         self._stats.inc_value("retry_after/deadline")
+        self._retry_after.probe_withdrawn(slot, request)  # released, never sent
         attempts = request.meta.get("retry_times", 0) + 1
         parked = self._give_up(request, slot, None, f"held past its deadline: {late}", "deadline", 0.0, attempts=attempts)
         if parked is not None:

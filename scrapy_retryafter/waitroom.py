@@ -28,7 +28,7 @@ from scrapy.exceptions import DontCloseSpider, IgnoreRequest
 from . import scrapy_compat
 from .breaker import OPEN
 from .holding import THROTTLES
-from .hostpause import SENT
+from .hostpause import PROBE, SENT
 from .parkrebuild import PARKED
 from .timers import call_later
 
@@ -100,7 +100,9 @@ class WaitingRoom:
         if meta.pop(RELEASED, False) and not self._cooled_again(slot):
             return "go"  # the room released it on the board already
         if board.ready_at(slot, self._holding[slot] + self.waiting(slot) + 1) <= board.clock():
-            board.released(slot)
+            mark = board.released(slot)
+            if mark is not None:
+                meta[PROBE] = mark
             return "go"
         return "bounce" if scheduled and self.active else "hold"
 
@@ -121,9 +123,9 @@ class WaitingRoom:
                 return give_up.at_close(request, slot, detail, request.meta.get(THROTTLES, 0), wait)
             if board.refused(slot):
                 return self.extension.refusals.arriving(request, slot, give_up)
-            board.released(slot)
+            mark = board.released(slot)
             request.meta[SENT] = board.clock()
-            board.pauses.left(slot)
+            board.pauses.left(slot, mark)
             return None
         finally:
             self._holding[slot] -= 1
@@ -184,8 +186,11 @@ class WaitingRoom:
                 if when > now:
                     soonest = min(soonest, when)
                     break
-                board.released(slot)
-                self._release(self._pop(slot))
+                mark = board.released(slot)
+                request = self._pop(slot)
+                if mark is not None:
+                    request.meta[PROBE] = mark
+                self._release(request)
         if self._rooms:
             self._look_at(soonest)
 

@@ -224,9 +224,26 @@ def test_a_released_probe_that_never_left_frees_the_host_for_the_next_after_a_gr
     pauses.released("h", due)
     assert pauses.ready_at("h", due) == pytest.approx(due + WITHDRAWN_AFTER)  # the queue asks again then
     assert pauses.ready_at("h", due + WITHDRAWN_AFTER) == 0.0
-    pauses.released("h", due + WITHDRAWN_AFTER)
-    pauses.left("h")  # this one left: its outcome is awaited
-    assert pauses.ready_at("h", due + 30.0) == pytest.approx(due + WITHDRAWN_AFTER + PROBE_TIMEOUT)
+    mark = pauses.released("h", due + WITHDRAWN_AFTER)
+    pauses.left("h", due)  # a copy of the first probe's meta: not the probe out
+    assert pauses.ready_at("h", due + 2 * WITHDRAWN_AFTER) == 0.0
+    mark = pauses.released("h", due + 2 * WITHDRAWN_AFTER)
+    pauses.left("h", mark)  # this one left: its outcome is awaited
+    assert pauses.ready_at("h", due + 30.0) == pytest.approx(due + 2 * WITHDRAWN_AFTER + PROBE_TIMEOUT)
+
+
+def test_a_probe_withdrawn_on_its_way_frees_the_host_at_once_and_only_the_probe_can():
+    pauses = HostPauses()
+    pauses.tracks_departures = True
+    pauses.pause("h", "502", 0.0, BACKOFF, Top())
+    due = pauses.ready_at("h", 0.0)
+    mark = pauses.released("h", due)
+    assert mark == due and pauses.released("h", due) is None  # one probe out
+    for other in (None, True, due - 1.0, "x"):
+        pauses.withdrawn("h", other)
+        assert pauses.ready_at("h", due + 0.1) > due + 0.1
+    pauses.withdrawn("h", mark)  # parked past its deadline, sent back, put back to wait
+    assert pauses.ready_at("h", due + 0.1) == 0.0
 
 
 def test_without_departures_reported_a_released_probe_is_awaited_until_the_timeout():

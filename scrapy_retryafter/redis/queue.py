@@ -38,6 +38,7 @@ from scrapy import signals
 
 from .. import scrapy_compat
 from ..failures import NOT_BEFORE
+from ..hostpause import PROBE
 from .link import FrontierLink, FrontierUnreachable
 
 if TYPE_CHECKING:
@@ -306,9 +307,11 @@ class CooldownAwareRedisQueue:
         self._pop_token = next(self._tokens)
         if isinstance(answer, tuple):
             slot, data = answer
-            if board is not None and board.holds(slot):
-                board.released(slot)
-            return self._decode(data)
+            mark = board.released(slot) if board is not None and board.holds(slot) else None
+            request = self._decode(data)
+            if mark is not None and request is not None:
+                request.meta[PROBE] = mark
+            return request
         if extension is None:
             return None
         if answer is not None:

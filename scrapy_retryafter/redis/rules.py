@@ -106,10 +106,10 @@ class FleetRules(FleetFacts):
             self._news()
         return closed
 
-    def released(self, slot: str) -> None:
+    def released(self, slot: str) -> float | None:
         state = self._slots.get(slot)
         probing = state is not None and state.breaker is not None and state.breaker.probing
-        super().released(slot)
+        mark = super().released(slot)
         now = self.clock()
         self._active[slot] = now
         self.contact.sent(slot)
@@ -125,6 +125,7 @@ class FleetRules(FleetFacts):
             self._opened_at[slot] = now
             self._write("open", slot, state.breaker.opened_until - now)
             self._news()
+        return mark
 
     def ready_at(self, slot: str, held: int = 1) -> float:
         state = self._slots.get(slot)
