@@ -225,10 +225,10 @@ class RetryAfterExtension:
         for queue in self.queues:
             queue.look_again(slot)
 
-    def probe_withdrawn(self, slot: str, request: Request) -> None:
-        """``request`` will not reach the host now (parked past its deadline, sent back, put back to
-        wait): if it was its paused host's probe, the next may leave at once."""
-        if self.board.pauses.withdrawn(slot, request.meta.get(PROBE)):
+    def probe_withdrawn(self, slot: str, request: Request, sent_back: bool = False) -> None:
+        """``request`` will not reach the host now (hostpause.HostPauses.withdrawn): if it was its
+        paused host's probe, the next may leave at once."""
+        if self.board.pauses.withdrawn(slot, request.meta.get(PROBE), sent_back):
             self.sooner(slot)
             self.wake_at(self.clock())
 
@@ -259,7 +259,7 @@ class RetryAfterExtension:
         if not waiting:
             return 0
         for request, deferred in waiting:
-            self.probe_withdrawn(slot, request)  # a probe not on the wire yet
+            self.probe_withdrawn(slot, request, sent_back=True)  # a probe not on the wire yet
             deferred.errback(Failure(SlotCoolingDown(slot)))
         self.stats.inc_value("retry_after/sent_back", len(waiting))
         return len(waiting)

@@ -362,11 +362,13 @@ class HostPauses:
         if pause is not None:
             pause.left = True
 
-    def withdrawn(self, slot: str, mark: object) -> bool:
-        """The request marked ``mark`` will not reach the host now (parked past its deadline, sent
-        back, put back to wait): True when it was the probe out, and the host is free for the next."""
+    def withdrawn(self, slot: str, mark: object, sent_back: bool = False) -> bool:
+        """The request marked ``mark`` will not reach the host now (parked past its deadline, put back
+        to wait, cooled on its way; ``sent_back``: from the downloader's queue, past the middleware
+        but not on the wire): True when it was the probe out, and the host is free for the next.
+        A probe that left is awaited (its retry carries its mark)."""
         pause = self._probe(slot, mark)
-        if pause is None:
+        if pause is None or (pause.left and not sent_back):
             return False
         pause.probe_out, pause.left = 0.0, False
         return True

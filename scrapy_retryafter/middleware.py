@@ -114,6 +114,7 @@ class RetryAfterMiddleware:
         if self.extension.queue_holds_slots:
             if self.board.remaining(slot):
                 # Left the scheduler before the throttle, reached us after it.
+                self.extension.probe_withdrawn(slot, request)
                 raise SlotCoolingDown(slot)
             way = "go"
         else:

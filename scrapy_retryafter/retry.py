@@ -153,8 +153,8 @@ class RetryMiddleware(ScrapyRetryMiddleware):
 
     async def _wait_in_downloader(self, request: Request, not_before: float) -> Request | None:
         """Without CooldownAwarePriorityQueue a backoff can only be waited out here,
-        holding a download place (the README says what that costs)."""
-        slot = self._retry_after.slot_of(request)
+        holding a download place (the README says what that costs); a probe waiting here frees its host."""
+        self._retry_after.probe_withdrawn(slot := self._retry_after.slot_of(request), request)
         if await self._retry_after.downloader_hold.wait(request, slot, lambda: not_before - self._wall()):
             return None
         detail = "the crawl closed while its retry waited out its backoff"

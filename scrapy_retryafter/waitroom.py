@@ -125,6 +125,8 @@ class WaitingRoom:
                 return self.extension.refusals.arriving(request, slot, give_up)
             mark = board.released(slot)
             request.meta[SENT] = board.clock()
+            if mark is not None:
+                request.meta[PROBE] = mark
             board.pauses.left(slot, mark)
             return None
         finally:
@@ -138,6 +140,7 @@ class WaitingRoom:
 
     def bounced(self, request: Request) -> Request:
         """A scheduled request that reached the middleware while its slot is held: back to the engine."""
+        self.extension.probe_withdrawn(self.extension.slot_of(request), request)  # cooled on its way
         self.extension.stats.inc_value("retry_after/waiting_room/bounced")
         self._rescheduled(request)
         back = request.copy()

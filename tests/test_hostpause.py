@@ -242,8 +242,23 @@ def test_a_probe_withdrawn_on_its_way_frees_the_host_at_once_and_only_the_probe_
     for other in (None, True, due - 1.0, "x"):
         pauses.withdrawn("h", other)
         assert pauses.ready_at("h", due + 0.1) > due + 0.1
-    pauses.withdrawn("h", mark)  # parked past its deadline, sent back, put back to wait
+    pauses.withdrawn("h", mark)  # parked past its deadline, put back to wait, cooled on its way
     assert pauses.ready_at("h", due + 0.1) == 0.0
+
+
+def test_a_probe_that_left_is_awaited_though_its_retry_carrying_its_mark_is_put_back_to_wait():
+    """A probe refused its connection (no pause rule) is retried with a backoff: its retry's mark
+    once freed the host, and up to five probes left back to back."""
+    pauses = HostPauses()
+    pauses.tracks_departures = True
+    pauses.pause("h", "502", 0.0, BACKOFF, Top())
+    due = pauses.ready_at("h", 0.0)
+    mark = pauses.released("h", due)
+    pauses.left("h", mark)
+    assert not pauses.withdrawn("h", mark)
+    assert pauses.ready_at("h", due + 1.0) == pytest.approx(due + PROBE_TIMEOUT)
+    assert pauses.withdrawn("h", mark, sent_back=True)  # it left the middleware, not the downloader's queue
+    assert pauses.ready_at("h", due + 1.0) == 0.0
 
 
 def test_without_departures_reported_a_released_probe_is_awaited_until_the_timeout():
