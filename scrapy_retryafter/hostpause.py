@@ -183,8 +183,8 @@ class HostPauses:
 
     def __init__(self) -> None:
         self.tracks_departures = False
-        """The shell reports each probe that leaves (``left``): one released that did not within
-        ``WITHDRAWN_AFTER`` (parked past its deadline, sent back, refused) frees the host for the next."""
+        """The shell reports each probe that leaves (``left``) and each that will not (``withdrawn``):
+        one released and reported neither way within ``WITHDRAWN_AFTER`` frees the host for the next."""
         self._streaks: dict[str, tuple[str, int, int, float]] = {}
         """Slot -> (kind, failures of that kind in a row, how many of them repeated one, when the last happened)."""
         self._pauses: dict[str, Pause] = {}
