@@ -159,6 +159,16 @@ def test_requests_the_downloader_sent_after_the_pause_began_but_before_its_probe
     assert not event.free and pause.probes == 2
 
 
+def paused_at_ten(threshold, base, cap, burst, seed):
+    """A host paused at 10.0 by ``threshold`` failures sent at 9.9, and ``burst`` more in flight."""
+    rng = random.Random(seed)
+    backoff = Backoff("full", base, cap)
+    pauses = HostPauses()
+    for _ in range(threshold + burst):
+        pauses.failed("h", "502", 10.0, 9.9, threshold, backoff, rng, repeat=False)
+    return pauses, backoff, rng
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     threshold=st.integers(1, 8), base=st.floats(0.1, 2.0), cap=st.floats(2.0, 30.0), burst=st.integers(0, 20),
@@ -170,11 +180,7 @@ def test_a_released_probe_that_fails_makes_the_next_probe_due_within_the_cap_or_
     """The probe's stamp is taken as it passes the middleware, after its release; a failure it sees
     (a reset at once, a timeout) re-arms the pause: an estimate from a previous attempt's latency once
     read it as part of the burst, and the host got nothing more until the 60 s probe timeout."""
-    rng = random.Random(seed)
-    backoff = Backoff("full", base, cap)
-    pauses = HostPauses()
-    for _ in range(threshold + burst):
-        pauses.failed("h", "502", 10.0, 9.9, threshold, backoff, rng, repeat=False)
+    pauses, backoff, rng = paused_at_ten(threshold, base, cap, burst, seed)
     release = max(pauses.ready_at("h", 10.0), 10.0)
     pauses.released("h", release)
     now = release + answer
@@ -193,11 +199,7 @@ def test_a_request_that_left_without_a_release_once_a_probe_was_due_holds_the_ho
 ):
     """engine.download bypasses the queue's release: such a request, failing once the probe was due, is
     the probe. Taken for the burst, each free retry went straight out again: 2311 requests in an 8 s outage."""
-    rng = random.Random(seed)
-    backoff = Backoff("full", base, cap)
-    pauses = HostPauses()
-    for _ in range(threshold + burst):
-        pauses.failed("h", "502", 10.0, 9.9, threshold, backoff, rng, repeat=False)
+    pauses, backoff, rng = paused_at_ten(threshold, base, cap, burst, seed)
     due = max(pauses.ready_at("h", 10.0), 10.0)
     now = due + late + 0.01
     pauses.failed("h", "502", now, due + late, threshold, backoff, rng)
