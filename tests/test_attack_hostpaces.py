@@ -125,7 +125,5 @@ def test_a_pace_for_100_000_hosts_keeps_the_newest_10_000(tmp_path: Path) -> Non
     path = tmp_path / "retry_after.hosts.json"
     hosts = {f"h{i}.example": {"updated": float(i), "pace": {"rate": 5, "at": float(i)}} for i in range(100_000)}
     path.write_text(json.dumps({"version": 1, "hosts": hosts}))
-    started = time.monotonic()
     loaded = HostMemory(path, clock=lambda: 200_000.0, max_age=1e9).load()
     assert len(loaded) == MAX_HOSTS and "h99999.example" in loaded and "h0.example" not in loaded
-    assert time.monotonic() - started < 5.0

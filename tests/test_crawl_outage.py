@@ -44,7 +44,8 @@ async def test_a_6s_gateway_outage_fetches_every_page_at_a_probe_pace(server):
     rate, count = outage_rate(server, host, 6.0)
     print(f"6s 502 outage: {len(ok)}/50 fetched, {count} requests in the outage, {rate:.2f}/s")
     assert len(ok) == 50
-    assert rate <= 1.5, (rate, count)
+    # The first 8 and a few retries before the pause, then probes (9-12 in CI); stock Scrapy sends ~150.
+    assert rate <= 2.5, (rate, count)
     assert crawler.stats.get_value("retry_after/host_paused", 0) >= 1
 
 

@@ -271,8 +271,9 @@ async def test_the_live_view_shows_what_was_sent_apart_from_what_the_pace_allows
     shown = [(float(m[1]), float(m[2]), float(m[3])) for m in found if m]
     assert shown, held_back_lines(caplog)
     for sent, over, allowed in shown:
-        # The real span since the last line: the interval, or more when a loaded reactor fires it late.
-        assert over >= 0.2
+        # The real span since the last line: about the interval; after a late line the next
+        # one keeps the schedule and comes sooner (0.15 s of 0.5 seen in CI).
+        assert over > 0.0
         assert sent <= 2 / 0.25 * 1.5  # what two connections at 0.25 s can carry, with an interval's slack
         assert allowed >= 30.0  # the announced quota, far above what is sent
     assert max(sent for sent, _, _ in shown) >= 4.0
