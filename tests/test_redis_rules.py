@@ -622,6 +622,47 @@ def test_a_host_new_to_the_fleet_gets_the_first_contact_sends_granted_then_opens
     assert exchange.jobs[-1].writes.get(("seen", SLOT)) == "1"  # the fleet hears of it at once
 
 
+def _contact_board(clock: Clock) -> tuple[RedisBoard, FakeExchange]:
+    exchange = FakeExchange(clock)
+    board = RedisBoard(RedisConfig(url="redis://127.0.0.1:1/0", params={}), clock=clock, rng=Fixed(),  # type: ignore[arg-type]
+                       exchange=exchange, first_contact=8)
+    return board, exchange
+
+
+def test_a_host_answered_once_is_not_held_again_when_the_board_drops_its_empty_state(clock):
+    """Held again, each wave of requests to a host never throttled waited for the fleet's next answer."""
+    board, exchange = _contact_board(clock)
+    assert SLOT in board
+    exchange_once(board, exchange, reply_of(first={SLOT: 3}))
+    board.released(SLOT)
+    board.succeeded(SLOT)
+    clock.now += 1.0
+    board.sweep()  # nothing to remember: no pace, no cooldown
+    assert SLOT not in board and board.ready_at(SLOT) == 0.0
+    asked = len(exchange.jobs)
+    exchange_once(board, exchange, reply_of())
+    assert all(slot != SLOT for slot, _ in exchange.jobs[asked].first)  # no first contact asked again
+
+
+def test_a_host_the_fleet_reported_heard_from_is_not_held_again_either(clock):
+    board, exchange = _contact_board(clock)
+    assert SLOT in board
+    exchange_once(board, exchange, reply_of(first={SLOT: -1}))
+    clock.now += 1.0
+    board.sweep()
+    assert SLOT not in board and board.ready_at(SLOT) == 0.0
+
+
+def test_a_slot_met_again_before_its_answer_keeps_the_sends_it_was_granted(clock):
+    """Met again with its sends reset, a slot lost its grant, and the fleet's count was spent: no send for 10 s."""
+    board, exchange = _contact_board(clock)
+    assert SLOT in board
+    exchange_once(board, exchange, reply_of(first={SLOT: 3}))
+    board.sweep()  # the placeholder held for the first contact has nothing of its own
+    assert SLOT in board
+    assert board.ready_at(SLOT, 20) == 0.0  # its three sends are still here
+
+
 def test_a_host_the_fleet_already_heard_from_opens_at_the_first_answer_and_a_silent_one_after_a_wait(clock):
     exchange = FakeExchange(clock)
     board = RedisBoard(RedisConfig(url="redis://127.0.0.1:1/0", params={}), clock=clock, rng=Fixed(),  # type: ignore[arg-type]

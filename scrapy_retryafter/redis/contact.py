@@ -7,34 +7,50 @@ response from a host, at most ``limit`` requests (CONCURRENT_REQUESTS_PER_DOMAIN
 what one crawler would send) go to it from the whole fleet: each process sends
 only the first-contact sends Redis granted it. The first response opens the
 host to every process. Pure: the caller passes the time.
+
+The board drops a slot with nothing to remember (no pace, no cooldown) after
+each answer, and meets it again at its next request. A slot met again keeps
+the sends it was granted, and one this process heard from is not held again:
+held, every wave of requests to a host never throttled waited for the fleet's
+next answer (100 pages of a free host: 5.8 s, against 1.5 s without Redis).
 """
 
 from __future__ import annotations
+
+import collections
 
 __all__ = ["FirstContact"]
 
 CONTACT_WAIT = 10.0
 """Seconds a process waits for the fleet's first response before sending anyway
 (a host that never answers is the host-down rules' business, not a reason to hold forever)."""
+HEARD_MEMORY = 10_000
+"""Hosts this process heard from, the newest kept; one that fell out is held once more, until the fleet answers."""
 
 
 class FirstContact:
     """The hosts this process holds until the fleet has heard from them, and the sends it may make."""
 
-    def __init__(self, limit: int, wait: float = CONTACT_WAIT) -> None:
+    def __init__(self, limit: int, wait: float = CONTACT_WAIT, memory: int = HEARD_MEMORY) -> None:
         self.limit = limit
         self.wait = wait
+        self.memory = memory
         self._gated: dict[str, tuple[int, float]] = {}
         """Sends left here, and since when, per slot the fleet has not heard from."""
+        self._heard: collections.OrderedDict[str, None] = collections.OrderedDict()
+        """Slots this process had a response from, or the fleet had: never held again."""
 
     def __len__(self) -> int:
         return len(self._gated)
 
     def meet(self, slot: str, now: float) -> bool:
-        """A slot met for the first time: hold it until the fleet grants sends (True), if on."""
+        """A slot met (again, once the board dropped it): hold it until the fleet grants sends (True), if on."""
         if self.limit <= 0:
             return False
-        self._gated[slot] = (0, now)
+        if slot in self._heard:
+            self._heard.move_to_end(slot)
+            return False
+        self._gated.setdefault(slot, (0, now))
         return True
 
     def holds(self, slot: str, now: float) -> bool:
@@ -63,6 +79,7 @@ class FirstContact:
             return False
         if count < 0:
             del self._gated[slot]
+            self._hear(slot)
             return True
         if count > 0:
             self._gated[slot] = (gated[0] + count, gated[1])
@@ -71,7 +88,15 @@ class FirstContact:
 
     def answered(self, slot: str) -> bool:
         """A response came from the slot: True if it was held (the fleet must hear of it)."""
+        if self.limit > 0:
+            self._hear(slot)
         return self._gated.pop(slot, None) is not None
+
+    def _hear(self, slot: str) -> None:
+        self._heard[slot] = None
+        self._heard.move_to_end(slot)
+        if len(self._heard) > self.memory:
+            self._heard.popitem(last=False)
 
     def sweep(self, now: float) -> None:
         """Drop the holds that waited out their time."""
