@@ -14,6 +14,7 @@ from scrapy_retryafter.breaker import CLOSED, OPEN
 from scrapy_retryafter.policy import SlotPolicy
 from scrapy_retryafter.rate import MARGIN
 from scrapy_retryafter.redis.board import RedisBoard
+from scrapy_retryafter.redis.contact import HEARD_FOR, FirstContact
 from scrapy_retryafter.redis.exchange import Answer, Job, Reply, read_reply
 from scrapy_retryafter.redis.leases import ServerClock
 from scrapy_retryafter.redisconfig import RedisConfig
@@ -651,6 +652,64 @@ def test_a_host_the_fleet_reported_heard_from_is_not_held_again_either(clock):
     clock.now += 1.0
     board.sweep()
     assert SLOT not in board and board.ready_at(SLOT) == 0.0
+
+
+@pytest.mark.parametrize("where", ["here", "elsewhere"])
+def test_a_host_paced_here_or_elsewhere_waits_for_the_fleet_s_pace_when_met_again(clock, where):
+    """Its pace kept by the fleet (a week in Redis), not here: met again, it sends nothing until asked.
+
+    Sent at once instead, a second process's wave went out unpaced (27-29 x 429 against 5-7, two processes)."""
+    board, exchange = _contact_board(clock)
+    assert SLOT in board
+    exchange_once(board, exchange, reply_of(first={SLOT: -1}))
+    board.released(SLOT)
+    if where == "here":
+        board.throttled(SLOT, clock.now)
+        clock.now += 700.0  # idle past the pace memory
+    else:
+        board.succeeded(SLOT)
+        clock.now += 1.0
+    board.sweep()
+    assert SLOT not in board._slots
+    if where == "elsewhere":
+        exchange_once(board, exchange, reply_of(rates=[(SLOT, 4.0, True, "other")]))
+    assert SLOT in board and board.ready_at(SLOT, 20) > clock.now  # held for the fleet's answer
+    exchange_once(board, exchange, reply_of(first={SLOT: -1}, asked=[(SLOT, 4.0, True, "other")]))
+    assert board.rate(SLOT) == pytest.approx(4.0)
+
+
+def test_a_host_answering_here_is_told_to_the_fleet_again_before_its_seen_lapses(clock):
+    """Redis keeps the fleet's ``seen`` an hour from its last write; a host crawled all day stays open fleet-wide."""
+    board, exchange = _contact_board(clock)
+    assert SLOT in board
+    exchange_once(board, exchange, reply_of(first={SLOT: -1}))
+    before = len(exchange.jobs)
+    board.succeeded(SLOT)
+    exchange_once(board, exchange, reply_of())
+    assert all(("seen", SLOT) not in job.writes for job in exchange.jobs[before:])  # the fleet had it: nothing to tell
+    before = len(exchange.jobs)
+    clock.now += HEARD_FOR / 2
+    board.succeeded(SLOT)
+    exchange_once(board, exchange, reply_of())
+    assert [job.writes.get(("seen", SLOT)) for job in exchange.jobs[before:]].count("1") == 1
+
+
+def test_a_host_heard_from_long_ago_is_held_again_until_the_fleet_answers():
+    contact = FirstContact(8)
+    assert contact.meet(SLOT, 0.0)
+    assert contact.answered(SLOT, 0.0, paced=False)
+    assert not contact.meet(SLOT, HEARD_FOR - 1.0)
+    assert contact.meet(SLOT, HEARD_FOR + 1.0) and contact.holds(SLOT, HEARD_FOR + 1.0)
+
+
+def test_the_hosts_heard_from_are_bounded_and_a_paced_one_is_not_kept():
+    contact = FirstContact(8, memory=100)
+    for i in range(1000):
+        contact.meet(f"h{i}", float(i))
+        contact.answered(f"h{i}", float(i), paced=i % 2 == 0)
+    contact.sweep(1e9)
+    assert len(contact._heard) == 100 and len(contact) == 0
+    assert all(int(slot[1:]) % 2 for slot in contact._heard)
 
 
 def test_a_slot_met_again_before_its_answer_keeps_the_sends_it_was_granted(clock):

@@ -10,9 +10,14 @@ host to every process. Pure: the caller passes the time.
 
 The board drops a slot with nothing to remember (no pace, no cooldown) after
 each answer, and meets it again at its next request. A slot met again keeps
-the sends it was granted, and one this process heard from is not held again:
-held, every wave of requests to a host never throttled waited for the fleet's
-next answer (100 pages of a free host: 5.8 s, against 1.5 s without Redis).
+the sends it was granted, and one this process heard from while unpaced is
+not held again for half an hour: held, every wave of requests to a host never
+throttled waited for the fleet's next answer (100 pages of a free host: 5.8 s,
+against 1.5 s without Redis). A slot answered while paced here, or one another
+process published a pace for, is held when met again, until the fleet's
+answer brings that pace. The fleet hears again of a
+host answering here every HEARD_FOR / 2, so its ``seen`` (an hour in Redis)
+does not lapse while the host is crawled.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ CONTACT_WAIT = 10.0
 (a host that never answers is the host-down rules' business, not a reason to hold forever)."""
 HEARD_MEMORY = 10_000
 """Hosts this process heard from, the newest kept; one that fell out is held once more, until the fleet answers."""
+HEARD_FOR = 1800.0
+"""Seconds a host heard from stays open here; the fleet's own ``seen`` lasts an hour from its last write."""
 
 
 class FirstContact:
@@ -37,8 +44,8 @@ class FirstContact:
         self.memory = memory
         self._gated: dict[str, tuple[int, float]] = {}
         """Sends left here, and since when, per slot the fleet has not heard from."""
-        self._heard: collections.OrderedDict[str, None] = collections.OrderedDict()
-        """Slots this process had a response from, or the fleet had: never held again."""
+        self._heard: collections.OrderedDict[str, float] = collections.OrderedDict()
+        """Unpaced slots this process had a response from (or the fleet had), and when the fleet last heard of it."""
 
     def __len__(self) -> int:
         return len(self._gated)
@@ -47,9 +54,12 @@ class FirstContact:
         """A slot met (again, once the board dropped it): hold it until the fleet grants sends (True), if on."""
         if self.limit <= 0:
             return False
-        if slot in self._heard:
-            self._heard.move_to_end(slot)
-            return False
+        heard = self._heard.get(slot)
+        if heard is not None:
+            if now - heard < HEARD_FOR:
+                self._heard.move_to_end(slot)
+                return False
+            del self._heard[slot]
         self._gated.setdefault(slot, (0, now))
         return True
 
@@ -72,28 +82,44 @@ class FirstContact:
         """(slot, how many) for each held slot with no send left: ask the fleet again."""
         return [(slot, self.limit) for slot, (left, _) in self._gated.items() if left <= 0]
 
-    def granted(self, slot: str, count: int) -> bool:
+    def granted(self, slot: str, count: int, now: float) -> bool:
         """The fleet's answer: ``count`` sends, or -1 when it has heard from the host. True if the slot may send."""
         gated = self._gated.get(slot)
         if gated is None:
             return False
         if count < 0:
             del self._gated[slot]
-            self._hear(slot)
+            self._hear(slot, now)
             return True
         if count > 0:
             self._gated[slot] = (gated[0] + count, gated[1])
             return True
         return False
 
-    def answered(self, slot: str) -> bool:
-        """A response came from the slot: True if it was held (the fleet must hear of it)."""
-        if self.limit > 0:
-            self._hear(slot)
-        return self._gated.pop(slot, None) is not None
+    def answered(self, slot: str, now: float, paced: bool) -> bool:
+        """A response came from the slot: True if the fleet must hear of it (it was held, or not told lately).
 
-    def _hear(self, slot: str) -> None:
-        self._heard[slot] = None
+        ``paced``: the slot has a pace here, or this answer was a throttle (a pace follows).
+        """
+        held = self._gated.pop(slot, None) is not None
+        if self.limit <= 0:
+            return held
+        if paced:
+            self._heard.pop(slot, None)  # met again, it waits for the fleet's pace
+            return held
+        last = self._heard.get(slot)
+        if held or last is None or now - last >= HEARD_FOR / 2:
+            self._hear(slot, now)
+            return True
+        self._heard.move_to_end(slot)
+        return False
+
+    def paced_elsewhere(self, slot: str) -> None:
+        """Another process published a pace for the slot: met again, it waits for the fleet's answer."""
+        self._heard.pop(slot, None)
+
+    def _hear(self, slot: str, now: float) -> None:
+        self._heard[slot] = now
         self._heard.move_to_end(slot)
         if len(self._heard) > self.memory:
             self._heard.popitem(last=False)

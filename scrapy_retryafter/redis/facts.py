@@ -145,7 +145,7 @@ class FleetFacts(CooldownBoard):
         for slot in reply.probes:
             self._probe_granted(slot, now)
         for slot, count in reply.first.items():
-            if self.contact.granted(slot, count):
+            if self.contact.granted(slot, count, now):
                 self.on_sooner(slot)
                 self.on_wake(now)
         if reply.snapshot:
@@ -154,6 +154,8 @@ class FleetFacts(CooldownBoard):
         for slot, rate, cut, who in reply.rates:
             if who != self.process_id and slot in self._slots:
                 self._adopt_rate(slot, rate, now, cut, live=True)
+            elif who != self.process_id:
+                self.contact.paced_elsewhere(slot)
         for slot, rate, cut, _who in reply.asked:
             state = self._slots.get(slot)
             if state is None or state.pace is None:

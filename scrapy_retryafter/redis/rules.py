@@ -90,7 +90,7 @@ class FleetRules(FleetFacts):
         return added
 
     def breaker_throttled(self, slot: str, sent_at: float, threshold: int, open_seconds: float) -> bool:
-        self._heard_from(slot)
+        self._heard_from(slot, throttle=True)
         opened = super().breaker_throttled(slot, sent_at, threshold, open_seconds)
         if opened:
             self._opened_at[slot] = self.clock()
@@ -176,14 +176,16 @@ class FleetRules(FleetFacts):
         wait = max(self.share(slot) / state.pace.rate, self.grant_wait)  # no send without the fleet's grant
         state.next_paced = granted if granted is not None else now + wait
 
-    def _heard_from(self, slot: str) -> None:
+    def _heard_from(self, slot: str, throttle: bool = False) -> None:
         """A response from the slot: if the fleet was waiting for one, it hears of it now."""
-        if self.contact.answered(slot):
+        state = self._slots.get(slot)
+        paced = throttle or (state is not None and state.pace is not None)
+        if self.contact.answered(slot, self.clock(), paced):
             self._write("seen", slot, "1")
             self._news()
 
     def throttled(self, slot: str, sent_at: float, beta: float = 0.7) -> float | None:
-        self._heard_from(slot)
+        self._heard_from(slot, throttle=True)
         state = self._slots.get(slot)
         fleet = self.leases.pace(slot)
         if state is not None and state.pace is not None and fleet is not None and not self.lost:
