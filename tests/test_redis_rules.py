@@ -630,13 +630,18 @@ def _contact_board(clock: Clock) -> tuple[RedisBoard, FakeExchange]:
     return board, exchange
 
 
-def test_a_host_answered_once_is_not_held_again_when_the_board_drops_its_empty_state(clock):
-    """Held again, each wave of requests to a host never throttled waited for the fleet's next answer."""
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_a_host_answered_once_is_not_held_again_when_the_board_drops_its_empty_state(clock, adaptive):
+    """Held again, each wave of requests to a host never throttled waited for the fleet's next answer.
+
+    A slot whose policy does not adapt its pace gets ``success`` only, not ``succeeded``."""
     board, exchange = _contact_board(clock)
     assert SLOT in board
     exchange_once(board, exchange, reply_of(first={SLOT: 3}))
     board.released(SLOT)
-    board.succeeded(SLOT)
+    board.success(SLOT, 0.1, 10.0)
+    if adaptive:
+        board.succeeded(SLOT)
     clock.now += 1.0
     board.sweep()  # nothing to remember: no pace, no cooldown
     assert SLOT not in board and board.ready_at(SLOT) == 0.0
@@ -697,9 +702,11 @@ def test_a_host_answering_here_is_told_to_the_fleet_again_before_its_seen_lapses
 def test_a_host_heard_from_long_ago_is_held_again_until_the_fleet_answers():
     contact = FirstContact(8)
     assert contact.meet(SLOT, 0.0)
-    assert contact.answered(SLOT, 0.0, paced=False)
-    assert not contact.meet(SLOT, HEARD_FOR - 1.0)
-    assert contact.meet(SLOT, HEARD_FOR + 1.0) and contact.holds(SLOT, HEARD_FOR + 1.0)
+    assert contact.answered(SLOT, 0.0, paced=False) == (True, True)
+    assert contact.answered(SLOT, 1000.0, paced=False) == (True, False)  # told again, not in a hurry
+    assert contact.answered(SLOT, 1100.0, paced=False) == (False, False)
+    assert not contact.meet(SLOT, 1100.0 + HEARD_FOR - 1.0)  # half an hour from the last answer
+    assert contact.meet(SLOT, 1100.0 + HEARD_FOR + 1.0) and contact.holds(SLOT, 1100.0 + HEARD_FOR + 1.0)
 
 
 def test_the_hosts_heard_from_are_bounded_and_a_paced_one_is_not_kept():
@@ -707,9 +714,9 @@ def test_the_hosts_heard_from_are_bounded_and_a_paced_one_is_not_kept():
     for i in range(1000):
         contact.meet(f"h{i}", float(i))
         contact.answered(f"h{i}", float(i), paced=i % 2 == 0)
-    contact.sweep(1e9)
-    assert len(contact._heard) == 100 and len(contact) == 0
+    assert len(contact._heard) == 100
     assert all(int(slot[1:]) % 2 for slot in contact._heard)
+    assert "h999" in contact._heard and "h1" not in contact._heard  # the newest kept
 
 
 def test_a_slot_met_again_before_its_answer_keeps_the_sends_it_was_granted(clock):

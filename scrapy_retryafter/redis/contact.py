@@ -11,13 +11,15 @@ host to every process. Pure: the caller passes the time.
 The board drops a slot with nothing to remember (no pace, no cooldown) after
 each answer, and meets it again at its next request. A slot met again keeps
 the sends it was granted, and one this process heard from while unpaced is
-not held again for half an hour: held, every wave of requests to a host never
-throttled waited for the fleet's next answer (100 pages of a free host: 5.8 s,
-against 1.5 s without Redis). A slot answered while paced here, or one another
-process published a pace for, is held when met again, until the fleet's
-answer brings that pace. The fleet hears again of a
-host answering here every HEARD_FOR / 2, so its ``seen`` (an hour in Redis)
-does not lapse while the host is crawled.
+not held again for half an hour after its last answer: held, every wave of
+requests to a host never throttled waited for the fleet's next answer (100
+pages of a free host: 5.8 s, against 1.5 s without Redis). A slot answered
+while paced here, or one another process published a pace for, is held when
+met again, until the fleet's answer brings that pace. The fleet hears again
+of an unpaced host answering here every HEARD_FOR / 2, with the next
+exchange, so its ``seen`` (an hour in Redis) does not lapse while the host
+is crawled; a paced host's ``seen`` may lapse, and the next process to meet
+it is granted first-contact sends again (it asks the fleet's pace with them).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ __all__ = ["FirstContact"]
 CONTACT_WAIT = 10.0
 """Seconds a process waits for the fleet's first response before sending anyway
 (a host that never answers is the host-down rules' business, not a reason to hold forever)."""
-HEARD_MEMORY = 10_000
+HEARD_MEMORY = 100_000
 """Hosts this process heard from, the newest kept; one that fell out is held once more, until the fleet answers."""
 HEARD_FOR = 1800.0
 """Seconds a host heard from stays open here; the fleet's own ``seen`` lasts an hour from its last write."""
@@ -44,8 +46,8 @@ class FirstContact:
         self.memory = memory
         self._gated: dict[str, tuple[int, float]] = {}
         """Sends left here, and since when, per slot the fleet has not heard from."""
-        self._heard: collections.OrderedDict[str, float] = collections.OrderedDict()
-        """Unpaced slots this process had a response from (or the fleet had), and when the fleet last heard of it."""
+        self._heard: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()
+        """Unpaced slots this process had a response from (or the fleet had): when, and when the fleet was last told."""
 
     def __len__(self) -> int:
         return len(self._gated)
@@ -56,7 +58,7 @@ class FirstContact:
             return False
         heard = self._heard.get(slot)
         if heard is not None:
-            if now - heard < HEARD_FOR:
+            if now - heard[0] < HEARD_FOR:
                 self._heard.move_to_end(slot)
                 return False
             del self._heard[slot]
@@ -89,37 +91,35 @@ class FirstContact:
             return False
         if count < 0:
             del self._gated[slot]
-            self._hear(slot, now)
+            self._hear(slot, now, now)
             return True
         if count > 0:
             self._gated[slot] = (gated[0] + count, gated[1])
             return True
         return False
 
-    def answered(self, slot: str, now: float, paced: bool) -> bool:
-        """A response came from the slot: True if the fleet must hear of it (it was held, or not told lately).
+    def answered(self, slot: str, now: float, paced: bool) -> tuple[bool, bool]:
+        """A response came from the slot: (tell the fleet, it was held: tell it now).
 
         ``paced``: the slot has a pace here, or this answer was a throttle (a pace follows).
         """
         held = self._gated.pop(slot, None) is not None
-        if self.limit <= 0:
-            return held
-        if paced:
+        if self.limit <= 0 or paced:
             self._heard.pop(slot, None)  # met again, it waits for the fleet's pace
-            return held
-        last = self._heard.get(slot)
-        if held or last is None or now - last >= HEARD_FOR / 2:
-            self._hear(slot, now)
-            return True
-        self._heard.move_to_end(slot)
-        return False
+            return held, held
+        heard = self._heard.get(slot)
+        if held or heard is None or now - heard[1] >= HEARD_FOR / 2:
+            self._hear(slot, now, now)
+            return True, held
+        self._hear(slot, now, heard[1])
+        return False, held
 
     def paced_elsewhere(self, slot: str) -> None:
         """Another process published a pace for the slot: met again, it waits for the fleet's answer."""
         self._heard.pop(slot, None)
 
-    def _hear(self, slot: str, now: float) -> None:
-        self._heard[slot] = now
+    def _hear(self, slot: str, now: float, told: float) -> None:
+        self._heard[slot] = (now, told)
         self._heard.move_to_end(slot)
         if len(self._heard) > self.memory:
             self._heard.popitem(last=False)

@@ -99,6 +99,7 @@ class FleetRules(FleetFacts):
         return opened
 
     def success(self, slot: str, token_ratio: float, max_tokens: float) -> bool:
+        self._heard_from(slot)  # also where the slot's policy does not adapt its pace (no ``succeeded``)
         closed = super().success(slot, token_ratio, max_tokens)
         if closed:
             self._opened_at.pop(slot, None)
@@ -180,8 +181,10 @@ class FleetRules(FleetFacts):
         """A response from the slot: if the fleet was waiting for one, it hears of it now."""
         state = self._slots.get(slot)
         paced = throttle or (state is not None and state.pace is not None)
-        if self.contact.answered(slot, self.clock(), paced):
+        tell, held = self.contact.answered(slot, self.clock(), paced)
+        if tell:
             self._write("seen", slot, "1")
+        if held:
             self._news()
 
     def throttled(self, slot: str, sent_at: float, beta: float = 0.7) -> float | None:
