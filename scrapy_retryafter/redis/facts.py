@@ -59,8 +59,7 @@ class FleetFacts(CooldownBoard):
         self.leases = Leases(refresh)
         self.server_clock = ServerClock()
         self.grant_wait = grant_wait
-        """How long a paced slot waits for a grant the fleet owes it before sending on its own
-        (by then an exchange that does not answer has made the board lost)."""
+        """How long a paced slot waits for a grant the fleet owes it before sending alone (by then the board is lost)."""
         self._probes: dict[str, float] = {}
         """Slots whose circuit expired here, asking to send the fleet's one probe (since when)."""
         self._probe_won: set[str] = set()
@@ -78,8 +77,7 @@ class FleetFacts(CooldownBoard):
         """Slots this process just met, to ask the fleet's rate of in the next exchange."""
         self._met: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._elsewhere: dict[str, tuple[float, float]] = {}
-        """Cooldowns and open circuits (local times until) of slots this process has not met:
-        applied when it meets one, dropped when they end."""
+        """Cooldowns and open circuits (local times until) of slots not met here: applied at meeting, dropped at their end."""
         self.holds = self._holds
         self.again = False
         """More is waiting to be read or asked: exchange again at once."""
