@@ -1,13 +1,14 @@
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_twisted
 from scrapy import Request, Spider
-from scrapy.crawler import CrawlerRunner
+from scrapy.crawler import Crawler, CrawlerRunner
 
 from scrapy_retryafter.testing.clock import FakeClock
 from scrapy_retryafter.testing.server import ThrottlingServer
@@ -54,13 +55,21 @@ def server():
     pytest_twisted.blockon(srv.stop())
 
 
-async def crawl(requests: list[Request], settings: dict[str, Any] | None = None, spider_cls: type[Spider] = ListSpider):
+async def crawl(
+    requests: list[Request],
+    settings: dict[str, Any] | None = None,
+    spider_cls: type[Spider] = ListSpider,
+    made: Callable[[Crawler], object] | None = None,
+):
+    """One real crawl; ``made`` sees the crawler before it starts, to watch its stats while it runs."""
     settings = {**BASE_SETTINGS, **(settings or {})}
     if not settings.get("JOBDIR"):
         # Each crawl its own park file: parked requests must not leak into the next test.
         settings.setdefault("RETRY_AFTER_PARK_FILE", str(Path(tempfile.mkdtemp(prefix="parked-")) / "parked.jsonl"))
     runner = CrawlerRunner(settings)
     crawler = runner.create_crawler(spider_cls)
+    if made is not None:
+        made(crawler)
     await crawler.crawl(requests=requests)
     return crawler
 
