@@ -17,6 +17,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -63,9 +64,20 @@ class PagesSpider(Spider):
         self.fetched[response.url] = time.monotonic()
 
 
+def fresh_state(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings with a park file (and so a per-host state file) of the crawl's own, unless they name one.
+
+    The default location is shared by every run from this directory: a run
+    would start at the pace the run before it learned, and a bench's repeats
+    would measure the memory, not the learning."""
+    if "RETRY_AFTER_PARK_FILE" in settings or "JOBDIR" in settings:
+        return settings
+    return {**settings, "RETRY_AFTER_PARK_FILE": str(Path(tempfile.mkdtemp(prefix="bench-state-")) / "parked.jsonl")}
+
+
 @defer.inlineCallbacks
 def run(urls: list[str], settings: dict[str, Any]):  # type: ignore[no-untyped-def]
-    crawler = CrawlerRunner({**BASE, **settings}).create_crawler(PagesSpider)
+    crawler = CrawlerRunner(fresh_state({**BASE, **settings})).create_crawler(PagesSpider)
     started = time.monotonic()
     yield crawler.crawl(urls=urls)
     return crawler.spider, started, time.monotonic() - started

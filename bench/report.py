@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import BASE, CONFIGS, LIMITERS, PagesSpider, run, run_until_done  # noqa: E402 (installs the reactor)
+from compare import BASE, CONFIGS, LIMITERS, PagesSpider, fresh_state, run, run_until_done  # noqa: E402 (installs the reactor)
 from scrapy.crawler import CrawlerRunner  # noqa: E402
 from twisted.internet import defer, reactor, task  # noqa: E402
 
@@ -158,7 +158,7 @@ def learning_run(pages: int, rate: float, drop_at: float, drop_to: float) -> Any
     server = ThrottlingServer()
     host = server.add_host(HostConfig(rate=rate, burst=1.0, penalty=1.0))
     server.start()
-    crawler = CrawlerRunner({**BASE, **CONFIGS["scrapy-retryafter add-on"]}).create_crawler(PagesSpider)
+    crawler = CrawlerRunner(fresh_state({**BASE, **CONFIGS["scrapy-retryafter add-on"]})).create_crawler(PagesSpider)
     started = time.monotonic()
     pace: list[tuple[float, float]] = []
     limit = [(0.0, rate)]

@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import BASE, run_until_done  # noqa: E402  (installs the asyncio reactor)
+from compare import BASE, fresh_state, run_until_done  # noqa: E402  (installs the asyncio reactor)
 from scrapy import Request, Spider  # noqa: E402
 from scrapy.crawler import CrawlerRunner  # noqa: E402
 from twisted.internet import defer  # noqa: E402
@@ -53,7 +53,7 @@ class RequestsSpider(Spider):
 
 @defer.inlineCallbacks
 def crawl(requests: list[Request], settings: dict[str, Any]) -> Any:
-    crawler = CrawlerRunner({**BASE, **ADDON, **settings}).create_crawler(RequestsSpider)
+    crawler = CrawlerRunner(fresh_state({**BASE, **ADDON, **settings})).create_crawler(RequestsSpider)
     yield crawler.crawl(requests=requests)
     return crawler
 
