@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["Meter", "RateController", "sustained"]
+__all__ = ["Meter", "RateController"]
 
 BUCKET = 0.5
 SMOOTHING = 0.8
@@ -63,9 +63,6 @@ the next cooldown counts as a stray, not a drop (see ``throttled``)."""
 COUNTED = 8
 """Successes by which they must differ too: a stretch ends on a fraction of a
 token, so the rate is off by up to one success in this many."""
-CLIMB = 1.0
-"""Seconds back on a climb past the plateau to the pace taken to have held: a
-refusal on that climb puts the limit between that pace and the refused one."""
 SHORT = 3.0
 """Seconds: a pace far above the rate spends a burst of a second or two's
 worth within this; a longer stretch ran near the rate and let tokens go to
@@ -159,6 +156,30 @@ class RateController:
         as a broad crawl keeps a controller per throttled host. A stretch begun under the
         sustained rate let tokens go to waste, so its count says nothing about the rate."""
 
+    def sustained(self, now: float) -> float | None:
+        """The rate a burst allowance hid, from the last two stretches of sending; None when they do not say.
+
+        A token bucket (rate r, burst B) is full when a cooldown ends and
+        empty when it refuses again, so a stretch of T seconds between the
+        two serves B + r*T, whatever the pace did in between. Two stretches
+        of different lengths give r = (served1 - served2) / (T1 - T2). It
+        says something only where the pace ran far above it (the bucket hid
+        the overshoot); a limiter without burst refuses the first excess and
+        its stretches serve what the pace sent.
+        """
+        span = now - self.resumed
+        if self.last is None:
+            return None
+        last_served, last_span, last_start = self.last
+        if not 0.0 < last_span <= SHORT or not 0.0 < span <= SHORT or abs(span - last_span) < APART:
+            return None
+        if abs(self.served - last_served) < COUNTED:
+            return None
+        rate = (self.served - last_served) / (span - last_span)
+        # Paces only grow within a stretch: both began far above the rate, so neither
+        # wasted tokens (a stretch begun under it serves less and reads lower).
+        return rate if 0.0 < rate <= HIDDEN * min(self.start, last_start) else None
+
     @property
     def start(self) -> float:
         """The pace this stretch of sending began at: where the cubic curve of the last cut starts
@@ -169,8 +190,7 @@ class RateController:
         """Cut the rate: the server said this pace is too fast."""
         self.cut_here = True
         base = self.rate or measured  # when paced, the pace is what was too fast
-        hidden = sustained(self, now) if self.rate and now >= self.resumed else None
-        climbed = self._climbed(now) if self.rate and not self.starting else None
+        hidden = self.sustained(now) if self.rate and now >= self.resumed else None
         held = self.last is not None and self.last[1] >= HELD
         if self.rate and now >= self.resumed:
             self.last = (self.served, now - self.resumed, self.start)
@@ -182,7 +202,6 @@ class RateController:
             # meter to have caught up, a success rate under half the pace
             # means the limit itself dropped.
             base = measured
-            climbed = None
         leaving_start = self.starting and bool(self.rate)
         again = not self.starting and self.refused < math.inf and now - self.resumed < AGAIN
         if again and self.scale == STEADY_SCALE and held:
@@ -225,11 +244,6 @@ class RateController:
                 if base > self.peak:
                     # A probe just past the plateau was refused: the limit is where it was.
                     self.rate = max(self.rate, min(base * MARGIN, self.peak))
-            elif climbed is not None and climbed <= base <= PINNED * climbed:
-                # Refused on a slow climb past a plateau: the pace of a second
-                # ago was sent and served, so the limit lies just under this one.
-                self.scale = STEADY_SCALE
-                self.rate = max(self.rate, min(climbed, base * MARGIN))
             self.peak = base * MARGIN
         if hidden is not None:
             # The pace ran far past what the server sustains while a burst
@@ -240,17 +254,6 @@ class RateController:
             self.scale = STEADY_SCALE
         self._regrow_from(base, now)
         return self.rate
-
-    def _curve(self, now: float) -> float:
-        """The regrowth curve at ``now``: cubic back up to the peak, then probing past it."""
-        since = max(0.0, now - self.resumed) - self.window
-        return (SCALE * since**3 if since < 0 else self.scale * (since / self.stretch) ** 3) + self.peak
-
-    def _climbed(self, now: float) -> float | None:
-        """The pace CLIMB seconds ago, when it was on the climb past the plateau and the stretch served COUNTED."""
-        if now - CLIMB - self.resumed < self.window or self.served < COUNTED:
-            return None
-        return min(self._curve(now - CLIMB), self.rate)
 
     def _at_peak(self, refused: float) -> bool:
         """A pace refused about where the last one was: the limit is pinned down."""
@@ -297,7 +300,8 @@ class RateController:
                 self.passed = self.rate
             self.rate = grown
             return self.rate
-        cubic = self._curve(now)
+        since = max(0.0, now - self.resumed) - self.window
+        cubic = (SCALE * since**3 if since < 0 else self.scale * (since / self.stretch) ** 3) + self.peak
         # At most double what the slot really sends, so an idle slot's pace does not run away.
         ceiling = 2 * max(measured, self.rate)
         self.rate = max(self.min_rate, min(cubic, ceiling, self.ceiling))
@@ -360,28 +364,3 @@ class RateController:
         self.passed = 0.0
         self.scale = STEADY_SCALE
         self.served, self.last = 0, None
-
-
-def sustained(pace: RateController, now: float) -> float | None:
-    """The rate a burst allowance hid, from the last two stretches of sending; None when they do not say.
-
-    A token bucket (rate r, burst B) is full when a cooldown ends and
-    empty when it refuses again, so a stretch of T seconds between the
-    two serves B + r*T, whatever the pace did in between. Two stretches
-    of different lengths give r = (served1 - served2) / (T1 - T2). It
-    says something only where the pace ran far above it (the bucket hid
-    the overshoot); a limiter without burst refuses the first excess and
-    its stretches serve what the pace sent.
-    """
-    span = now - pace.resumed
-    if pace.last is None:
-        return None
-    last_served, last_span, last_start = pace.last
-    if not 0.0 < last_span <= SHORT or not 0.0 < span <= SHORT or abs(span - last_span) < APART:
-        return None
-    if abs(pace.served - last_served) < COUNTED:
-        return None
-    rate = (pace.served - last_served) / (span - last_span)
-    # Paces only grow within a stretch: both began far above the rate, so neither
-    # wasted tokens (a stretch begun under it serves less and reads lower).
-    return rate if 0.0 < rate <= HIDDEN * min(pace.start, last_start) else None

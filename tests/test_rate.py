@@ -12,8 +12,6 @@ from scrapy_retryafter.board import CooldownBoard
 from scrapy_retryafter.rate import (
     AGAIN,
     BUCKET,
-    CLIMB,
-    COUNTED,
     DOUBLING,
     DROP_GUARD,
     HELD,
@@ -26,7 +24,6 @@ from scrapy_retryafter.rate import (
     Meter,
     RateController,
     doubling_step,
-    sustained,
 )
 from scrapy_retryafter.testing.clock import FakeClock
 
@@ -397,7 +394,7 @@ class Recording(RateController):
         self.hidden: list[tuple[float, float]] = []
 
     def throttled(self, measured: float, now: float) -> float:
-        hidden = sustained(self, now) if self.rate and now >= self.resumed else None
+        hidden = self.sustained(now) if self.rate and now >= self.resumed else None
         rate = super().throttled(measured, now)
         if hidden is not None and rate == pytest.approx(hidden * MARGIN):
             self.hidden.append((hidden, rate))
@@ -449,7 +446,7 @@ def test_two_stretches_of_sending_read_the_rate_a_burst_hid(before, this, hidden
     pace.last = (served1, span1, start1)
     pace.served, pace.peak, pace.resumed = served2, start2, 100.0  # resumed at the plateau: the stretch began at it
     assert pace.start == start2
-    assert sustained(pace, 100.0 + span2) == hidden
+    assert pace.sustained(100.0 + span2) == hidden
 
 
 def test_a_burst_allowance_no_longer_hides_the_limit():
@@ -511,42 +508,3 @@ def test_a_pinned_pace_refused_right_after_a_short_stretch_is_still_cut_deep():
     pace, resumed = pinned_at(20.0, held=HELD / 2)
     before = pace.rate
     assert pace.throttled(before, resumed + 0.05) == pytest.approx(before * 0.7 * 0.7)
-
-
-def climbed_past_the_plateau(to: float) -> tuple[RateController, float]:
-    """Slow start refused at 8/s after passing 4/s, cut to 5.6 and climbing from there (the plateau:
-    8 x 0.7, since the limit lies somewhere between 4 and 8), served all along, until the pace is ``to``."""
-    pace = RateController()
-    pace.throttled(0.0, 0.0)
-    while pace.rate < 8.0:
-        pace.succeeded(0.0, 1.0)
-    pace.throttled(measured=4.0, now=2.0)
-    assert pace.peak == pytest.approx(5.6) and pace.window == 0.0
-    now = 2.0
-    while pace.rate < to:
-        now += 0.05
-        pace.succeeded(100.0, now)
-    return pace, now
-
-
-def test_a_refusal_on_a_slow_climb_past_the_plateau_resumes_at_the_pace_of_a_second_ago():
-    pace, now = climbed_past_the_plateau(7.0)
-    refused = pace.rate
-    held = pace._curve(now - CLIMB)
-    assert not pace._at_peak(refused)  # well past the plateau: before, a cut by beta
-    assert held < refused <= PINNED * held
-    assert pace.throttled(refused, now) == pytest.approx(min(held, refused * MARGIN))  # was refused x 0.7
-    assert pace.scale == STEADY_SCALE
-    assert pace.peak == pytest.approx(refused * MARGIN)
-
-
-def test_a_drop_or_a_climb_served_too_little_is_still_cut_by_beta():
-    # A success rate under half the pace: the limit dropped, and the cut starts from what is served.
-    pace, now = climbed_past_the_plateau(7.0)
-    served = pace.rate / 3
-    assert pace.throttled(served, now) == pytest.approx(served * 0.7)
-    # Too few served since the last cooldown to say the pace held.
-    pace, now = climbed_past_the_plateau(7.0)
-    pace.served = COUNTED - 1
-    refused = pace.rate
-    assert pace.throttled(refused, now) == pytest.approx(refused * 0.7)
