@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -113,6 +114,10 @@ class RetryAfterExtension:
         self._sweeper: Any = None
         self._syncer: Any = None
         self.queue_holds_slots = False
+        self.queue_counts_slots = False
+        """The slot-holding queue counts each slot's requests (``held``): the add-on's own, not scrapy-redis's."""
+        self._scheduled: tuple[float, int | None] = (-math.inf, None)
+        """When the scheduler's length was last read, and what it was (``left_at_most``)."""
         """Set by CooldownAwarePriorityQueue: cooling slots wait in the scheduler."""
         self.held_counters: list[Callable[[str], int]] = []
         """len(requests held for a slot), one per CooldownAwarePriorityQueue (memory, disk)."""
@@ -178,6 +183,27 @@ class RetryAfterExtension:
 
     def held(self, slot: str) -> int:
         return sum(count(slot) for count in self.held_counters)
+
+    def left_at_most(self, slot: str) -> int | None:
+        """Requests of ``slot`` still to send, at most; None while start requests may still come, or
+        under a queue that holds slots without counting them (the scrapy-redis one).
+
+        The add-on's queue counts each slot's own; without it the scheduler's
+        whole length bounds what it holds of this slot. That length costs a
+        pass over every slot's queue (DownloaderAwarePriorityQueue), so it is
+        read at most once a second, as Scrapy's own pop passes over them on
+        every request."""
+        crawler = self.crawler
+        if scrapy_compat.start_pending(crawler) or (self.queue_holds_slots and not self.queue_counts_slots):
+            return None
+        left = self.held(slot) + scrapy_compat.queued_in_downloader(crawler, slot)
+        if self.queue_counts_slots:
+            return left
+        now = time.monotonic()
+        if now - self._scheduled[0] >= 1.0:
+            self._scheduled = (now, scrapy_compat.scheduled(crawler))
+        scheduled = self._scheduled[1]
+        return None if scheduled is None else left + scheduled
 
     @property
     def parked_by_slot(self) -> collections.Counter[str]:

@@ -8,6 +8,7 @@ until the slot reopens.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
@@ -150,7 +151,7 @@ class RetryAfterMiddleware:
             return
         if policy.adaptive:
             before = board.rate(slot)
-            if board.succeeded(slot):
+            if board.succeeded(slot, functools.partial(self.extension.left_at_most, slot)):
                 self.extension.sooner(slot)
             if before is not None:  # without a pace before, no rise to tell of
                 after = board.rate(slot)
@@ -207,6 +208,7 @@ class RetryAfterMiddleware:
             previous_wait=_number_or_none(request.meta.get(PREVIOUS_WAIT)),
         )
         sent = sent_at(request.meta, self.board.clock())
+        self.board.quota_windows.throttled(slot, sent)
         event = self.board.throttle(
             slot,
             sent,

@@ -77,7 +77,7 @@ class CooldownAwarePriorityQueue(DownloaderAwarePriorityQueue):
             start_queue_cls=start_queue_cls,
         )
         self._extension = RetryAfterExtension.of(crawler)
-        self._extension.queue_holds_slots = True
+        self._extension.queue_holds_slots = self._extension.queue_counts_slots = True
         self._extension.held_counters.append(self._held)
         self._extension.queues.append(self)
         self._board = self._extension.board

@@ -26,6 +26,10 @@ from .ratelimit import MAX_RESET, RateLimitFacts, quota_pace
 
 _MOVING_EVIDENCE = 2
 """Steps of the reset that must agree before a quota's window is read as moving (or fixed again)."""
+_WHOLE_SECONDS = 1.0
+"""Resets stated in epoch seconds step by whole seconds: a shorter step is no window read from them."""
+_DISPROVED = 0.0
+"""The shortest step, once an answer showed the window lasts longer: never trusted again (under _WHOLE_SECONDS)."""
 
 __all__ = ["QuotaDecision", "QuotaWindows", "budget_covers", "budget_quota", "decide_quota", "wants_window"]
 
@@ -50,7 +54,13 @@ def wants_window(facts: RateLimitFacts) -> bool:
 
 
 def decide_quota(
-    facts: RateLimitFacts, window: float | None, on_the_wire: int, max_delay: float, *, moving: bool = False
+    facts: RateLimitFacts,
+    window: float | None,
+    on_the_wire: int,
+    max_delay: float,
+    *,
+    moving: bool = False,
+    ends_in: float | None = None,
 ) -> QuotaDecision:
     """The pace and cooldown ``facts`` call for.
 
@@ -60,6 +70,9 @@ def decide_quota(
     (``QuotaWindows.moving``); there "none left" at the quota's pace is the
     steady state, and the next hit is free when the oldest leaves, not at a
     reset rounded up to whole seconds: the pace is kept, no cooldown.
+    ``ends_in``: seconds until a fixed window ends at the latest
+    (``QuotaWindows.ends_in``); a quota spent there is cooled until then,
+    not until a reset stated up to a second late.
     """
     rate = facts.rate
     if rate is None and facts.quota and window:
@@ -77,9 +90,14 @@ def decide_quota(
         return QuotaDecision(rate, 0.0)
     if moving and window and rate is not None:
         return QuotaDecision(rate, 0.0)
-    if facts.reset > max_delay:
+    wait = facts.reset
+    if window and ends_in is not None and math.isfinite(ends_in):
+        wait = min(wait, max(0.0, ends_in))
+        if not wait:
+            return QuotaDecision(rate, 0.0)
+    if wait > max_delay:
         return QuotaDecision(rate, 0.0, past_cap=True)
-    return QuotaDecision(rate, facts.reset)
+    return QuotaDecision(rate, wait)
 
 
 def budget_covers(facts: RateLimitFacts, on_the_wire: int, wanted: int | None) -> bool:
@@ -109,6 +127,7 @@ def budget_quota(
     *,
     wanted: int | None = None,
     moving: bool = False,
+    ends_in: float | None = None,
 ) -> QuotaDecision:
     """``decide_quota``, with the quota spent as a budget first: no pace at all while it covers ``wanted``.
 
@@ -118,7 +137,7 @@ def budget_quota(
     """
     if budget_covers(facts, on_the_wire, wanted):
         return QuotaDecision(None, 0.0, free=True)
-    return decide_quota(facts, window, on_the_wire, max_delay, moving=moving)
+    return decide_quota(facts, window, on_the_wire, max_delay, moving=moving, ends_in=ends_in)
 
 
 class QuotaWindows:
@@ -129,14 +148,16 @@ class QuotaWindows:
     spreading what is left until a reset rounded to whole seconds would
     instead pace a one-second window at anything from half its quota up.
     An idle slot may see the reset move on by several windows: that paces
-    it slower until the next step, never faster. The board owns it and
+    it slower until the next step, never faster; once the window reads as
+    fixed (it refills at each step) its shortest step is its length. The board owns it and
     prunes it in its sweep.
     """
 
     def __init__(self, most: int = 10_000) -> None:
         self.most = most
-        self._seen: dict[str, tuple[float, float, float, int]] = {}
-        """Slot -> (latest reset epoch, window, when last seen on the board's clock, moving score)."""
+        self._seen: dict[str, tuple[float, float, float, int, float, float]] = {}
+        """Slot -> (latest reset epoch, last step, when last seen on the board's clock, moving score,
+        when the latest window was first seen, shortest step)."""
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -148,19 +169,55 @@ class QuotaWindows:
         return iter(self._seen)
 
     def window(
-        self, slot: str, reset_at: float, now: float, remaining: float | None = None, quota: float | None = None
+        self,
+        slot: str,
+        reset_at: float,
+        now: float,
+        remaining: float | None = None,
+        quota: float | None = None,
+        sent_at: float | None = None,
     ) -> float | None:
-        previous, window, _, score = self._seen.get(slot, (reset_at, 0.0, now, 0))
+        """The window's length, None while unknown. ``sent_at``: when the answered request was sent
+        (board clock); one sent after the window's end by the shortest step, answered with no new
+        reset, disproves that step for good (a window of 1.5 s stated in whole seconds steps by 1 or 2)."""
+        previous, window, _, score, began, shortest = self._seen.get(slot, (reset_at, 0.0, now, 0, now, math.inf))
+        if reset_at <= previous and sent_at is not None and sent_at > began + shortest:
+            shortest = _DISPROVED
         if reset_at > previous:
             window = min(reset_at - previous, MAX_RESET)  # resets far apart: still at most a week
+            shortest = min(shortest, window)
+            began = now
             if remaining is not None and quota:
                 # A fixed window refills when its reset moves on; a moving one (the reset is when
                 # the oldest hit leaves) still holds the hits of the last window: little is left.
                 score = max(-_MOVING_EVIDENCE, min(_MOVING_EVIDENCE, score + (1 if remaining < quota / 2 else -1)))
         elif slot not in self._seen and len(self._seen) >= self.most:
             self._seen.clear()  # a broad crawl between sweeps: start over rather than grow
-        self._seen[slot] = (max(previous, reset_at), window, now, score)
+        self._seen[slot] = (max(previous, reset_at), window, now, score, began, shortest)
+        if score < 0 and _WHOLE_SECONDS <= shortest < window:
+            return shortest  # a fixed window: a longer step is an idle spell or a reset rounded up
         return window or None
+
+    def throttled(self, slot: str, sent_at: float) -> None:
+        """A throttle of a request sent after the window's end by the shortest step: the step is no window."""
+        entry = self._seen.get(slot)
+        if entry is not None and sent_at > entry[4] + entry[5]:
+            self._seen[slot] = (*entry[:5], _DISPROVED)
+
+    def ends_in(self, slot: str, now: float) -> float | None:
+        """Seconds until the slot's fixed window ends at the latest; None when that is not known.
+
+        A window that opens at its first hit (Flask-Limiter's fixed window,
+        GitHub's hour) and lasts whole seconds moves its reset on by at
+        least its length, so the shortest step is at least the window; it
+        began before its first answer was seen. Its stated reset may be up
+        to a second late (Flask-Limiter states ``int(end + 1)``). A window
+        of another length is caught by ``window``'s ``sent_at``.
+        """
+        entry = self._seen.get(slot)
+        if entry is None or entry[3] >= 0 or not _WHOLE_SECONDS <= entry[5] < math.inf:
+            return None
+        return entry[4] + entry[5] - now
 
     def moving(self, slot: str) -> bool:
         """Whether the slot's quota reads as a moving window: its "none left" is when the oldest hit leaves."""
@@ -169,7 +226,7 @@ class QuotaWindows:
 
     def prune(self, before: float) -> int:
         """Forget the slots last seen before ``before``; return how many."""
-        stale = [slot for slot, (_, _, seen, _) in self._seen.items() if seen < before]
+        stale = [slot for slot, entry in self._seen.items() if entry[2] < before]
         for slot in stale:
             del self._seen[slot]
         return len(stale)

@@ -97,12 +97,21 @@ class QuotaBudget:
         crawler.signals.connect(self.recheck.close, signal=signals.spider_closed)
 
     def decide(
-        self, slot: str, facts: RateLimitFacts, window: float | None, max_delay: float, *, moving: bool = False
+        self,
+        slot: str,
+        facts: RateLimitFacts,
+        window: float | None,
+        max_delay: float,
+        *,
+        moving: bool = False,
+        ends_in: float | None = None,
     ) -> QuotaDecision:
         """The decision for these facts; a covered quota's pace is dropped here (``free``)."""
         wanted = self.wanted(slot)
-        decision = budget_quota(facts, window, self._on_the_wire(slot), max_delay, wanted=wanted, moving=moving)
-        if wanted is None and not decision.free and self.extension.queue_holds_slots:
+        decision = budget_quota(
+            facts, window, self._on_the_wire(slot), max_delay, wanted=wanted, moving=moving, ends_in=ends_in
+        )
+        if wanted is None and not decision.free and self.extension.queue_counts_slots:
             self.recheck.pending(slot, facts)
         else:
             self.recheck.settled(slot)
@@ -112,9 +121,9 @@ class QuotaBudget:
 
     def wanted(self, slot: str) -> int | None:
         """Requests of ``slot`` still to send, None while more may come uncounted."""
-        if not self.extension.queue_holds_slots or scrapy_compat.start_pending(self.crawler):
+        if not self.extension.queue_counts_slots:
             return None
-        return self.extension.held(slot) + scrapy_compat.queued_in_downloader(self.crawler, slot)
+        return self.extension.left_at_most(slot)
 
     def free(self, slot: str) -> None:
         if self.extension.board.free_quota(slot):

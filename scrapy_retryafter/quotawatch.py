@@ -67,9 +67,12 @@ class QuotaWatch:
         reset_at = facts.reset_at
         window = None
         if reset_at is not None and wants_window(facts):
-            window = self.board.quota_window(slot, reset_at, facts.remaining, facts.quota)
-        moving = window is not None and self.board.quota_windows.moving(slot)
-        decision = self._budget.decide(slot, facts, window, policy.max_delay, moving=moving)
+            sent = sent_at(request.meta, self.board.clock())
+            window = self.board.quota_window(slot, reset_at, facts.remaining, facts.quota, sent)
+        windows = self.board.quota_windows
+        moving = window is not None and windows.moving(slot)
+        ends_in = windows.ends_in(slot, self.board.clock()) if window is not None else None
+        decision = self._budget.decide(slot, facts, window, policy.max_delay, moving=moving, ends_in=ends_in)
         if decision.free:
             return
         if decision.refuse:

@@ -14,8 +14,9 @@ refusals tell the rate it hid (``sustained``). Pure: the caller passes the time.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
-__all__ = ["Meter", "RateController"]
+__all__ = ["Meter", "RateController", "burst_hid", "step_pays"]
 
 BUCKET = 0.5
 SMOOTHING = 0.8
@@ -76,6 +77,42 @@ def doubling_step(rate: float) -> float:
     few a day)."""
     seconds = rate * DOUBLING
     return 2.0 if seconds <= 1.0 else 2.0 ** (1.0 / seconds)
+
+
+def burst_hid(last: tuple[int, float, float] | None, served: int, span: float, start: float) -> float | None:
+    """The rate a burst allowance hid, from the last two stretches of sending; None when they do not say.
+
+    A token bucket (rate r, burst B) is full when a cooldown ends and
+    empty when it refuses again, so a stretch of T seconds between the
+    two serves B + r*T, whatever the pace did in between. Two stretches
+    of different lengths give r = (served1 - served2) / (T1 - T2). It
+    says something only where the pace ran far above it (the bucket hid
+    the overshoot); a limiter without burst refuses the first excess and
+    its stretches serve what the pace sent. ``last`` is the stretch before
+    (served, seconds, the pace it began at), then this one's.
+    """
+    if last is None:
+        return None
+    last_served, last_span, last_start = last
+    if not 0.0 < last_span <= SHORT or not 0.0 < span <= SHORT or abs(span - last_span) < APART:
+        return None
+    if abs(served - last_served) < COUNTED:
+        return None
+    rate = (served - last_served) / (span - last_span)
+    # Paces only grow within a stretch: both began far above the rate, so neither
+    # wasted tokens (a stretch begun under it serves less and reads lower).
+    return rate if 0.0 < rate <= HIDDEN * min(start, last_start) else None
+
+
+def step_pays(rate: float, grown: float, left: float | None, cooldown: float) -> bool:
+    """A rise from ``rate`` to ``grown`` could save more on the ``left`` requests than a refusal costs.
+
+    A refusal costs a cooldown as long as the last one. Slow start's steps
+    compound, so the caller judges a whole doubling: ten requests left at
+    1.4/s save 3.6 s at 2.8/s; a 2/s host refuses that and its
+    Retry-After: 3 costs 3.75 s, so the crawl ends sooner unhurried.
+    """
+    return left is None or left * (1.0 / rate - 1.0 / grown) >= cooldown
 
 
 class Meter:
@@ -157,28 +194,8 @@ class RateController:
         sustained rate let tokens go to waste, so its count says nothing about the rate."""
 
     def sustained(self, now: float) -> float | None:
-        """The rate a burst allowance hid, from the last two stretches of sending; None when they do not say.
-
-        A token bucket (rate r, burst B) is full when a cooldown ends and
-        empty when it refuses again, so a stretch of T seconds between the
-        two serves B + r*T, whatever the pace did in between. Two stretches
-        of different lengths give r = (served1 - served2) / (T1 - T2). It
-        says something only where the pace ran far above it (the bucket hid
-        the overshoot); a limiter without burst refuses the first excess and
-        its stretches serve what the pace sent.
-        """
-        span = now - self.resumed
-        if self.last is None:
-            return None
-        last_served, last_span, last_start = self.last
-        if not 0.0 < last_span <= SHORT or not 0.0 < span <= SHORT or abs(span - last_span) < APART:
-            return None
-        if abs(self.served - last_served) < COUNTED:
-            return None
-        rate = (self.served - last_served) / (span - last_span)
-        # Paces only grow within a stretch: both began far above the rate, so neither
-        # wasted tokens (a stretch begun under it serves less and reads lower).
-        return rate if 0.0 < rate <= HIDDEN * min(self.start, last_start) else None
+        """The rate a burst allowance hid (``burst_hid``); None when the last two stretches do not say."""
+        return burst_hid(self.last, self.served, now - self.resumed, self.start)
 
     @property
     def start(self) -> float:
@@ -287,8 +304,13 @@ class RateController:
         self.resumed = max(self.resumed, until)
         self.stretch = max(1.0, (until - now) / PROBE_COOLDOWN)
 
-    def succeeded(self, measured: float, now: float) -> float:
-        """Grow back: slowly near the last peak, faster once past it."""
+    def succeeded(self, measured: float, now: float, left: Callable[[], float | None] | None = None) -> float:
+        """Grow back: slowly near the last peak, faster once past it.
+
+        ``left`` counts the slot's requests still to send (None: unknown):
+        slow start does not probe when a doubling cannot pay (``step_pays``); it
+        still rises to what the throttled burst was measured to get through.
+        """
         if not self.rate:
             return 0.0
         if now >= self.resumed:
@@ -296,6 +318,14 @@ class RateController:
         if self.starting:
             # Each success at rate r stands for 1/r seconds of sending: no growth while idle.
             grown = max(self.min_rate, min(self.rate * doubling_step(self.rate), self.ceiling))
+            if grown > self.rate and left is not None and not step_pays(
+                self.rate, min(2.0 * self.rate, self.ceiling), left(), self.stretch * PROBE_COOLDOWN
+            ):
+                # No probe, but no need to stay under what the throttled burst got through either.
+                grown = min(grown, self.refused * MARGIN)
+                if grown <= self.rate:
+                    self.passed = self.rate  # it held: a success at this pace
+                    return self.rate
             if grown > self.rate:
                 self.passed = self.rate
             self.rate = grown

@@ -12,6 +12,7 @@ import operator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from scrapy.core.scheduler import Scheduler
 from scrapy.pqueues import DownloaderAwarePriorityQueue
 from scrapy.pqueues import _path_safe as _scrapy_path_safe
 from scrapy.utils.httpobj import urlparse_cached
@@ -32,6 +33,7 @@ __all__ = [
     "last_selected",
     "next_slot",
     "nudge_engine",
+    "scheduled",
     "scheduler_state_file",
     "path_safe",
     "queued_in_downloader",
@@ -133,6 +135,18 @@ def queued_in_downloader(crawler: Crawler, slot: str) -> int:
     """``len(Slot.queue)`` (2.13-2.19): ``slot``'s requests in the downloader, not on the wire yet."""
     downloader_slot = downloader_slots(crawler).get(slot)
     return len(downloader_slot.queue) if downloader_slot is not None else 0
+
+
+def scheduled(crawler: Crawler) -> int | None:
+    """``len(engine._slot.scheduler)`` (2.13-2.19): requests in Scrapy's own scheduler, None for
+    another one (scrapy-redis counts in Redis: a round trip) or when it cannot be told."""
+    scheduler = getattr(getattr(engine_of(crawler), "_slot", None), "scheduler", None)
+    if not isinstance(scheduler, Scheduler):
+        return None
+    try:
+        return len(scheduler)
+    except Exception:  # a user's SCHEDULER_*_QUEUE without a working __len__
+        return None
 
 
 def start_pending(crawler: Crawler) -> bool:

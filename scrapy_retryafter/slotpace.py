@@ -8,6 +8,7 @@ cooldowns, the breaker and the budget on top. Pure: no Scrapy, no Twisted.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from .rate import Meter, RateController
 from .slot_state import SlotState
@@ -19,9 +20,10 @@ __all__ = ["SlotPaces"]
 class SlotPaces(SlotTable):
     """The pace part of the board: the per-slot maps are SlotTable's."""
 
-    def succeeded(self, slot: str) -> bool:
+    def succeeded(self, slot: str, left: Callable[[], int | None] | None = None) -> bool:
         """A response that was not a throttle: feeds the meter and the pace.
 
+        ``left``: the slot's requests still to send here, at most (None: unknown).
         True when the pace rose while the slot's next request waited for it:
         at a slow pace that request would otherwise wait out the old, longer
         interval (a second at 1 request/s), which makes slow start crawl.
@@ -34,9 +36,10 @@ class SlotPaces(SlotTable):
         state = self._slots.get(slot)
         if state is None or state.pace is None:
             return False
-        measured *= self.share(slot)
+        share = self.share(slot)
+        measured *= share
         before = state.pace.rate
-        after = state.pace.succeeded(measured, now)
+        after = state.pace.succeeded(measured, now, None if left is None else _times(left, share))
         state.last_seen = now
         if after > before and state.next_paced > now:
             return self._sooner(slot, state, before, after, now)
@@ -94,3 +97,13 @@ class SlotPaces(SlotTable):
     def rate(self, slot: str) -> float | None:
         state = self._slots.get(slot)
         return state.pace.rate if state is not None and state.pace is not None else None
+
+
+def _times(left: Callable[[], int | None], share: float) -> Callable[[], float | None]:
+    """What is left fleet-wide: each of ``share`` processes has about as much as this one."""
+
+    def count() -> float | None:
+        here = left()
+        return None if here is None else here * share
+
+    return count

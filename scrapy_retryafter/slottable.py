@@ -60,10 +60,15 @@ class SlotTable:
         return self.streaks.failed(slot, self.clock())
 
     def quota_window(
-        self, slot: str, reset_at: float, remaining: float | None = None, quota: float | None = None
+        self,
+        slot: str,
+        reset_at: float,
+        remaining: float | None = None,
+        quota: float | None = None,
+        sent_at: float | None = None,
     ) -> float | None:
         """The window of ``slot``'s quota, learnt from how far its reset epoch moves on."""
-        return self.quota_windows.window(slot, reset_at, self.clock(), remaining, quota)
+        return self.quota_windows.window(slot, reset_at, self.clock(), remaining, quota, sent_at)
 
     def _done(self, state: SlotState, now: float) -> bool:
         if now < state.wake_end or now < state.refuse_until or now < state.cooldown_until:

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import collections
 
+import pytest
 import pytest_twisted
-from scrapy import Request
+from scrapy import Request, signals
 from scrapy.crawler import Crawler
 from twisted.internet import reactor
 
+from scrapy_retryafter.extension import RetryAfterExtension
 from scrapy_retryafter.testing.server import Host, HostConfig, ThrottlingServer
 
-from .conftest import ADDON, crawl
+from .conftest import ADDON, ListSpider, crawl
 
 SETTINGS = {**ADDON, "CONCURRENT_REQUESTS": 16, "CONCURRENT_REQUESTS_PER_DOMAIN": 16}
+MIDDLEWARE_ONLY = {"DOWNLOADER_MIDDLEWARES": {"scrapy_retryafter.RetryAfterMiddleware": 560}}
 
 
 def per_second(server: ThrottlingServer, host: Host, since: float) -> list[int]:
@@ -79,3 +82,61 @@ async def test_a_limit_lowered_mid_crawl_costs_a_handful_of_429s(server):
     await crawl_all(host, 110)
     throttled_after = [a for a in server.arrivals(host, status=429) if a.t >= changed[0]]
     assert len(throttled_after) <= 10, [round(a.t - changed[0], 2) for a in throttled_after]
+
+
+@pytest.mark.parametrize("mode", [ADDON, MIDDLEWARE_ONLY], ids=["add-on", "middleware only"])
+@pytest_twisted.ensureDeferred
+async def test_a_small_crawl_does_not_probe_when_a_refusal_costs_more_than_it_could_save(server, mode):
+    # The unpaced burst gets one page through (read as 2/s) and a 2 s cooldown. Five pages
+    # left at 1.4/s would save 1.8 s at 2.8/s, which this 2.5/s host refuses: no probe.
+    host = server.add_host(HostConfig(rate=2.5, burst=1.0, penalty=2.0))
+    server.start()
+    settings = {**mode, "CONCURRENT_REQUESTS": 16, "CONCURRENT_REQUESTS_PER_DOMAIN": 16, "RETRY_AFTER_PAD": 1.0}
+    crawler = await crawl([Request(host.url(f"/{i}")) for i in range(6)], settings)
+    assert len({url for url, status in crawler.spider.seen if status == 200}) == 6
+    refused = [a.t for a in server.arrivals(host, status=429)]
+    assert refused and max(refused) - min(refused) < 1.0, refused  # the first burst's only
+    paced = [a.t for a in server.arrivals(host, status=200) if a.t > max(refused)]
+    gaps = [later - earlier for earlier, later in zip(paced, paced[1:])]
+    assert gaps and max(gaps) < 0.7, gaps  # not held at 1.4/s: risen to what the burst got through
+
+
+class CountingSpider(ListSpider):
+    """Records, at each answer, what the extension says the answer's slot has left to send."""
+
+    def parse(self, response):  # type: ignore[no-untyped-def]
+        super().parse(response)
+        extension = RetryAfterExtension.of(self.crawler)
+        self.left = getattr(self, "left", [])
+        self.left.append(extension.left_at_most(extension.slot_of(response.request)))
+
+
+@pytest.mark.parametrize("mode", [ADDON, MIDDLEWARE_ONLY], ids=["add-on", "middleware only"])
+@pytest_twisted.ensureDeferred
+async def test_what_a_slot_has_left_counts_the_queue_and_the_downloader(server, mode):
+    host = server.add_host()
+    server.start()
+    settings = {**mode, "CONCURRENT_REQUESTS": 1}
+    crawler = await crawl([Request(host.url(f"/{i}")) for i in range(6)], settings, spider_cls=CountingSpider)
+    left = crawler.spider.left
+    assert len(left) == 6
+    counted = [(answered, count) for answered, count in enumerate(left, 1) if count is not None]
+    # Not yet answered, less the one request that may be on the wire already. Without the add-on's
+    # queue the scheduler's length is read at most once a second: an upper bound, not a count.
+    most = (lambda answered: 6 - answered) if mode is ADDON else (lambda answered: 5)
+    assert counted and all(6 - answered - 1 <= count <= most(answered) for answered, count in counted), left
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_queue_that_holds_slots_without_counting_them_says_nothing_is_known(server):
+    host = server.add_host()
+    server.start()
+
+    def uncounted(crawler: Crawler) -> None:
+        def opened(**kwargs: object) -> None:
+            RetryAfterExtension.of(crawler).queue_holds_slots = True  # as the scrapy-redis queue: no count per slot
+
+        crawler.signals.connect(opened, signal=signals.spider_opened, weak=False)
+
+    crawler = await crawl([Request(host.url(f"/{i}")) for i in range(3)], MIDDLEWARE_ONLY, CountingSpider, uncounted)
+    assert crawler.spider.left == [None, None, None]

@@ -295,7 +295,8 @@ def test_a_date_header_of_1970_is_not_trusted(crawl):
 @pytest.fixture(scope="module")
 def counted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Crawl]:
     made = Crawl(str(tmp_path_factory.mktemp("hostile-counted") / "parked.jsonl"))
-    made.extension.queue_holds_slots = True  # the engine never read a start request: every slot wants 0, counted
+    # The engine never read a start request: every slot wants 0, counted.
+    made.extension.queue_holds_slots = made.extension.queue_counts_slots = True
     yield made
     made.crawler.signals.send_catch_log(signals.spider_closed, spider=made.crawler.spider, reason="finished")
 
@@ -340,12 +341,12 @@ def test_a_counted_demand_frees_a_covered_quota_and_keeps_a_short_one(counted):
     roomy = [("X-RateLimit-Limit", b"60"), ("X-RateLimit-Remaining", b"59"), ("X-RateLimit-Reset", reset)]
     slot, _, _ = counted.respond(200, roomy)
     assert counted.board.rate(slot) is None  # 59 left, nothing wanted: no pace
-    counted.extension.queue_holds_slots = False  # the demand unknown: the same headers pace
+    counted.extension.queue_counts_slots = False  # the demand unknown: the same headers pace
     try:
         slot, _, _ = counted.respond(200, roomy)
         assert counted.board.rate(slot) is not None
     finally:
-        counted.extension.queue_holds_slots = True
+        counted.extension.queue_counts_slots = True
     counted.respond(200, roomy, host=slot)  # counted again: the pace goes
     assert counted.board.rate(slot) is None
     assert counted.board.ready_at(slot) <= counted.board.clock()

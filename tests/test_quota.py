@@ -154,3 +154,92 @@ def test_none_left_on_a_moving_window_keeps_the_pace_instead_of_cooling_to_a_rou
     assert decide_quota(facts, 1.0, 1, 300, moving=True) == QuotaDecision(19.0, 0.0)
     # Without a learnt window there is no pace to keep: cool as before.
     assert decide_quota(F(remaining=0, reset=1.7), None, 0, 300, moving=True) == QuotaDecision(None, 1.7)
+
+
+def flask_fixed_windows() -> QuotaWindows:
+    """Flask-Limiter's fixed 20/second window, paced: it opens at its first hit and states
+    its reset as int(end + 1), so the reset steps by 1 or 2 s while each window refills."""
+    windows = QuotaWindows()
+    opened = [0.3, 1.31, 2.32, 3.99, 5.0]  # each window's first hit, on the server's epoch clock less NOW
+    for first in opened:
+        stated = NOW + int(first + 1 + 1)
+        windows.window("f", stated, first + 0.01, remaining=19, quota=20)  # its first answer
+        windows.window("f", stated, first + 0.5, remaining=9, quota=20)
+    return windows
+
+
+def test_a_fixed_window_stated_in_rounded_seconds_is_its_shortest_step():
+    windows = flask_fixed_windows()  # steps 1, 1, 1, 2: the 2 is the rounding
+    assert not windows.moving("f")
+    assert windows.window("f", NOW + 7, 5.5, remaining=5, quota=20) == 1.0
+    assert windows.ends_in("f", 5.9) == pytest.approx(5.0 + 0.01 + 1.0 - 5.9)  # from its first answer
+
+
+def test_how_long_a_window_lasts_is_unknown_before_it_reads_as_fixed():
+    moving = QuotaWindows()
+    for second, left in enumerate([19, 1, 0, 1, 0]):
+        moving.window("m", NOW + 2 + second, float(second), remaining=left, quota=20)
+    assert moving.ends_in("m", 5.0) is None
+    first = QuotaWindows()
+    first.window("a", NOW + 2, 0.0, remaining=19, quota=20)
+    assert first.ends_in("a", 0.5) is None  # one window seen: its length is unknown
+    assert first.ends_in("unknown", 0.5) is None
+    fine = QuotaWindows()  # resets closer than whole seconds say no window length to trust
+    for tenth in range(5):
+        fine.window("t", NOW + 1 + tenth / 10, tenth / 10, remaining=19, quota=20)
+    assert fine.ends_in("t", 0.5) is None
+
+
+SPENT = F(quota=20, remaining=0, reset=1.7, reset_at=NOW + 2)
+
+
+@pytest.mark.parametrize(
+    "ends_in, expected",
+    [
+        (0.04, QuotaDecision(19.0, 0.04)),  # the window's last request: its end is near, not the stated reset
+        (-0.1, QuotaDecision(19.0, 0.0)),  # already over: keep the pace
+        (5.0, QuotaDecision(19.0, 1.7)),  # never past the stated reset
+        (None, QuotaDecision(19.0, 1.7)),
+        (float("nan"), QuotaDecision(19.0, 1.7)),
+    ],
+)
+def test_a_spent_fixed_window_cools_until_it_ends_at_the_latest(ends_in, expected):
+    assert decide_quota(SPENT, 1.0, 0, 300.0, ends_in=ends_in) == expected
+
+
+def test_without_a_learnt_window_the_end_of_a_window_is_not_used():
+    assert decide_quota(SPENT, None, 0, 300.0, ends_in=0.04) == QuotaDecision(None, 1.7)
+
+
+def test_an_answer_sent_after_the_shortest_step_with_no_new_reset_disproves_it():
+    # A 1.5 s window stated in whole seconds steps by 1 or 2: the shortest step, 1, is too short.
+    windows = QuotaWindows()
+    for first in (0.0, 1.5, 3.0, 4.5):
+        windows.window("w", NOW + int(first + 1.5 + 1), first + 0.01, remaining=19, quota=20, sent_at=first)
+    assert windows.ends_in("w", 4.6) == pytest.approx(4.51 + 1.0 - 4.6)  # steps 2, 1, 2: trusted so far
+    # Sent 1.2 s into the window opened at 4.5, answered in it: the window lasts longer than 1 s.
+    assert windows.window("w", NOW + 7, 5.71, remaining=0, quota=20, sent_at=5.7) == 2.0
+    assert windows.ends_in("w", 5.71) is None
+    windows.window("w", NOW + 8, 6.01, remaining=19, quota=20, sent_at=6.0)
+    assert windows.ends_in("w", 6.1) is None  # for good
+
+
+def test_a_window_that_grows_from_a_second_to_a_minute_is_caught_at_its_first_late_answer():
+    windows = QuotaWindows()
+    for first in range(4):
+        windows.window("g", NOW + first + 2, first + 0.01, remaining=19, quota=20, sent_at=float(first))
+    windows.window("g", NOW + 4 + 61, 4.01, remaining=199, quota=200, sent_at=4.0)  # now 200 per 60 s
+    assert windows.ends_in("g", 4.5) == pytest.approx(0.51)
+    windows.window("g", NOW + 4 + 61, 5.5, remaining=150, quota=200, sent_at=5.4)
+    assert windows.ends_in("g", 5.5) is None
+    assert windows.window("g", NOW + 4 + 61, 6.0, remaining=100, quota=200, sent_at=5.9) == 60.0  # the last step
+
+
+def test_a_throttle_of_a_request_sent_after_the_shortest_step_disproves_it():
+    windows = flask_fixed_windows()
+    windows.throttled("f", sent_at=5.5)  # inside the window opened at 5.0: says nothing
+    assert windows.ends_in("f", 5.9) is not None
+    windows.throttled("f", sent_at=6.2)  # past its end by the shortest step, and still refused
+    assert windows.ends_in("f", 6.3) is None
+    windows.throttled("unknown", sent_at=1.0)
+    assert "unknown" not in windows

@@ -24,6 +24,7 @@ from scrapy_retryafter.rate import (
     Meter,
     RateController,
     doubling_step,
+    step_pays,
 )
 from scrapy_retryafter.testing.clock import FakeClock
 
@@ -508,3 +509,81 @@ def test_a_pinned_pace_refused_right_after_a_short_stretch_is_still_cut_deep():
     pace, resumed = pinned_at(20.0, held=HELD / 2)
     before = pace.rate
     assert pace.throttled(before, resumed + 0.05) == pytest.approx(before * 0.7 * 0.7)
+
+
+@pytest.mark.parametrize(
+    ("rate", "grown", "left", "cooldown", "pays"),
+    [
+        (1.4, 2.8, 10, 3.75, False),  # saves 3.57 s, a refusal costs 3.75 s
+        (1.4, 2.8, 11, 3.75, True),  # saves 3.93 s
+        (1.4, 2.8, None, 3.75, True),  # unknown: more may come
+        (10.0, 20.0, 399, 1.25, True),
+        (10.0, 20.0, 24, 1.25, False),  # 1.2 s saved
+        (10.0, 20.0, 0, 1.25, False),
+    ],
+)
+def test_a_step_of_slow_start_pays_only_when_it_can_save_more_than_a_cooldown(rate, grown, left, cooldown, pays):
+    assert step_pays(rate, grown, left, cooldown) is pays
+
+
+def small_crawl_pace(left: int | None) -> RateController:
+    """An unpaced burst got one success (read as 2/s) and a 429 with a 3.75 s cooldown; then one success."""
+    pace = RateController()
+    pace.throttled(measured=2.0, now=10.0)
+    pace.paused(until=13.75, now=10.0)
+    pace.succeeded(measured=2.0, now=13.8, left=lambda: left)
+    return pace
+
+
+def test_with_few_requests_left_slow_start_rises_only_to_what_the_burst_got_through():
+    pace = small_crawl_pace(left=9)
+    assert pace.rate == pytest.approx(2.0 * MARGIN)  # not x2 (2.8/s): a refusal would cost more than it saves
+    assert pace.starting and pace.passed == pytest.approx(1.4)  # the new pace is not tested yet
+    assert pace.learned() == pytest.approx(1.4)
+    assert pace.succeeded(measured=2.0, now=14.4, left=lambda: 8) == pytest.approx(2.0 * MARGIN)
+    assert pace.passed == pytest.approx(2.0 * MARGIN)  # it held
+    assert pace.learned() == pytest.approx(2.0 * MARGIN)  # what held is what the next run starts at
+
+
+def test_a_rise_without_a_probe_refused_at_once_resumes_under_the_pace_before_it():
+    pace = small_crawl_pace(left=9)
+    pace.throttled(measured=1.0, now=14.0)
+    assert pace.rate < 1.4 and not pace.starting  # the untested 1.9/s is no plateau to pin at
+
+
+def test_a_doubling_is_judged_not_one_small_step_of_it():
+    # At 14/s a success steps x1.22: judged alone it saves 0.8 s on 60 pages; the doubling it is part of, 2.1 s.
+    pace = RateController()
+    pace.throttled(measured=20.0, now=10.0)
+    before = pace.rate
+    assert pace.succeeded(measured=14.0, now=10.1, left=lambda: 60) > before
+
+
+@pytest.mark.parametrize("left", [None, 400])
+def test_with_many_requests_left_or_an_unknown_count_slow_start_doubles(left):
+    assert small_crawl_pace(left=left).rate == pytest.approx(2.8)
+
+
+def test_once_more_requests_come_slow_start_goes_on_from_where_it_held():
+    pace = small_crawl_pace(left=3)
+    held = pace.rate
+    assert pace.succeeded(measured=2.0, now=14.4, left=lambda: 500) == pytest.approx(held * 2)
+
+
+def test_the_count_of_requests_left_is_asked_only_when_slow_start_would_step_up():
+    asked: list[float] = []
+
+    def left() -> int:
+        asked.append(pace.rate)
+        return 1000
+
+    pace = RateController()
+    pace.restored(5.0, now=1.0)  # steady: cubic growth never asks
+    for tick in range(5):
+        pace.succeeded(measured=5.0, now=2.0 + tick, left=left)
+    assert asked == []
+    pace = RateController()
+    pace.throttled(measured=2.0, now=10.0)
+    pace.succeeded(measured=2.0, now=10.5, left=left)
+    pace.succeeded(measured=2.0, now=11.0, left=left)
+    assert asked == [1.4, 2.8]

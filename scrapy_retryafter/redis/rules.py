@@ -17,6 +17,8 @@ grants one fleet interval apart.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..board import SlotState
 from ..breaker import HALF_OPEN
 from ..rate import MARGIN
@@ -204,9 +206,9 @@ class FleetRules(FleetFacts):
             self._news()
         return rate
 
-    def succeeded(self, slot: str) -> bool:
+    def succeeded(self, slot: str, left: Callable[[], int | None] | None = None) -> bool:
         self._heard_from(slot)
-        sooner = super().succeeded(slot)
+        sooner = super().succeeded(slot, left)
         state = self._slots.get(slot)
         grown = self._grown.get(slot)
         if grown is not None and state is not None and state.pace is not None and state.pace.rate < grown:
