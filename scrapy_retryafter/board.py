@@ -95,6 +95,7 @@ class CooldownBoard(SlotPaces):
         (then it belongs to the event that caused it), which cooling first
         would make every throttle seem to.
         """
+        self.quota_windows.throttled(slot, sent_at)  # the learnt window of its quota may be too short
         before = self.rate(slot)
         after = self.throttled(slot, sent_at) if learn else None
         opened = self.breaker_throttled(slot, sent_at, circuit_threshold, circuit_open_seconds)

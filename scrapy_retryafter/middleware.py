@@ -208,7 +208,6 @@ class RetryAfterMiddleware:
             previous_wait=_number_or_none(request.meta.get(PREVIOUS_WAIT)),
         )
         sent = sent_at(request.meta, self.board.clock())
-        self.board.quota_windows.throttled(slot, sent)
         event = self.board.throttle(
             slot,
             sent,

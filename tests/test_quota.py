@@ -6,8 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from scrapy_retryafter.board import CooldownBoard
 from scrapy_retryafter.quota import QuotaDecision, QuotaWindows, decide_quota, wants_window
 from scrapy_retryafter.ratelimit import RateLimitFacts
+from scrapy_retryafter.testing.clock import FakeClock
 
 NOW = 1_700_000_000.0
 F = RateLimitFacts
@@ -243,3 +245,10 @@ def test_a_throttle_of_a_request_sent_after_the_shortest_step_disproves_it():
     assert windows.ends_in("f", 6.3) is None
     windows.throttled("unknown", sent_at=1.0)
     assert "unknown" not in windows
+
+
+def test_the_board_tells_the_quota_windows_of_every_throttle():
+    board = CooldownBoard(clock=FakeClock())
+    board.quota_windows = flask_fixed_windows()
+    board.throttle("f", 6.2, 1.0, learn=False, wake_jitter=0.0, circuit_threshold=25, circuit_open_seconds=600.0)
+    assert board.quota_windows.ends_in("f", 6.3) is None
