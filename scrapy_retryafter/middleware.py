@@ -151,7 +151,7 @@ class RetryAfterMiddleware:
             return
         if policy.adaptive:
             before = board.rate(slot)
-            if board.succeeded(slot, functools.partial(self.extension.left_at_most, slot)):
+            if board.succeeded(slot, None if before is None else functools.partial(self.extension.left_at_most, slot)):
                 self.extension.sooner(slot)
             if before is not None:  # without a pace before, no rise to tell of
                 after = board.rate(slot)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-__all__ = ["Meter", "RateController", "burst_hid", "step_pays"]
+__all__ = ["Meter", "RateController", "step_pays"]
 
 BUCKET = 0.5
 SMOOTHING = 0.8

@@ -39,7 +39,7 @@ class SlotPaces(SlotTable):
         share = self.share(slot)
         measured *= share
         before = state.pace.rate
-        after = state.pace.succeeded(measured, now, None if left is None else _times(left, share))
+        after = state.pace.succeeded(measured, now, left if left is None or share == 1.0 else _times(left, share))
         state.last_seen = now
         if after > before and state.next_paced > now:
             return self._sooner(slot, state, before, after, now)
