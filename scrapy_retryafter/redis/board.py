@@ -205,6 +205,9 @@ class RedisBoard(FleetRules):
 
     def _news(self) -> None:
         """An event here, or news from the fleet: exchange now (after the one in flight)."""
+        if self.batching:
+            self.batched = True  # sent once the throttle's events are all written
+            return
         if self.busy:
             self.again = True
         elif not self.lost:

@@ -6,7 +6,11 @@ no burst answers nearly all of them 429. So until the fleet has had one
 response from a host, at most ``limit`` requests (CONCURRENT_REQUESTS_PER_DOMAIN,
 what one crawler would send) go to it from the whole fleet: each process sends
 only the first-contact sends Redis granted it. The first response opens the
-host to every process. Pure: the caller passes the time.
+host to every process, once this process's first-contact sends are all
+answered or one of them was throttled: told at the first success of eight, a
+fleet opened its other processes to a host that refused the other seven, and
+each sent its unpaced burst into the cooldown before it heard of it. Pure:
+the caller passes the time.
 
 The board drops a slot with nothing to remember (no pace, no cooldown) after
 each answer, and meets it again at its next request. A slot met again keeps
@@ -44,8 +48,8 @@ class FirstContact:
         self.limit = limit
         self.wait = wait
         self.memory = memory
-        self._gated: dict[str, tuple[int, float]] = {}
-        """Sends left here, and since when, per slot the fleet has not heard from."""
+        self._gated: dict[str, tuple[int, float, int]] = {}
+        """Sends left here, since when, and sends not answered yet, per slot the fleet has not heard from."""
         self._heard: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()
         """Unpaced slots this process had a response from (or the fleet had): when, and when the fleet was last told."""
 
@@ -62,7 +66,7 @@ class FirstContact:
                 self._heard.move_to_end(slot)
                 return False
             del self._heard[slot]
-        self._gated.setdefault(slot, (0, now))
+        self._gated.setdefault(slot, (0, now, 0))
         return True
 
     def holds(self, slot: str, now: float) -> bool:
@@ -78,11 +82,11 @@ class FirstContact:
     def sent(self, slot: str) -> None:
         gated = self._gated.get(slot)
         if gated is not None:
-            self._gated[slot] = (max(0, gated[0] - 1), gated[1])
+            self._gated[slot] = (max(0, gated[0] - 1), gated[1], gated[2] + 1)
 
     def claims(self) -> list[tuple[str, int]]:
         """(slot, how many) for each held slot with no send left: ask the fleet again."""
-        return [(slot, self.limit) for slot, (left, _) in self._gated.items() if left <= 0]
+        return [(slot, self.limit) for slot, (left, _, _) in self._gated.items() if left <= 0]
 
     def granted(self, slot: str, count: int, now: float) -> bool:
         """The fleet's answer: ``count`` sends, or -1 when it has heard from the host. True if the slot may send."""
@@ -94,7 +98,7 @@ class FirstContact:
             self._hear(slot, now, now)
             return True
         if count > 0:
-            self._gated[slot] = (gated[0] + count, gated[1])
+            self._gated[slot] = (gated[0] + count, gated[1], gated[2])
             return True
         return False
 
@@ -102,7 +106,12 @@ class FirstContact:
         """A response came from the slot: (tell the fleet, it was held: tell it now).
 
         ``paced``: the slot has a pace here, or this answer was a throttle (a pace follows).
+        A success while more first-contact sends are on the wire waits for them: (False, False).
         """
+        gated = self._gated.get(slot)
+        if gated is not None and not paced and gated[2] > 1 and self.limit > 0:
+            self._gated[slot] = (gated[0], gated[1], gated[2] - 1)
+            return False, False
         held = self._gated.pop(slot, None) is not None
         if self.limit <= 0 or paced:
             self._heard.pop(slot, None)  # met again, it waits for the fleet's pace
@@ -126,5 +135,5 @@ class FirstContact:
 
     def sweep(self, now: float) -> None:
         """Drop the holds that waited out their time."""
-        for slot in [slot for slot, (_, since) in self._gated.items() if now - since > self.wait]:
+        for slot in [slot for slot, (_, since, _) in self._gated.items() if now - since > self.wait]:
             del self._gated[slot]

@@ -18,8 +18,9 @@ grants one fleet interval apart.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from ..board import SlotState
+from ..board import SlotState, Throttle
 from ..breaker import HALF_OPEN
 from ..rate import MARGIN
 from .facts import MET_MEMORY, FleetFacts
@@ -29,6 +30,11 @@ __all__ = ["FleetRules"]
 
 class FleetRules(FleetFacts):
     """The fleet's facts (facts.py), and the board's events marked for the fleet."""
+
+    batching = False
+    """A throttle's events are being written: one exchange carries them all, after the last."""
+    batched = False
+    """News came while batching: exchange once the batch is written."""
 
     def forgot(self, slot: str) -> None:
         """Nothing kept per slot beside the board outlives it."""
@@ -82,6 +88,22 @@ class FleetRules(FleetFacts):
         return super().sweep()
 
     # -- the board's events, published ---------------------------------------
+
+    def throttle(self, slot: str, sent_at: float, cooldown: float, **how: Any) -> Throttle:
+        """The board's throttle, told the fleet in one exchange: the cut, the circuit and the cooldown.
+
+        Sent one by one, the first exchange told the fleet it had heard from
+        the host and of the cut, but not of the cooldown: another process
+        opened to the host in between sent into it.
+        """
+        self.batching = True
+        try:
+            return super().throttle(slot, sent_at, cooldown, **how)
+        finally:
+            self.batching = False
+            if self.batched:
+                self.batched = False
+                self._news()
 
     def cool(self, slot: str, seconds: float, wake_jitter: float = 0.0) -> float:
         added = super().cool(slot, seconds, wake_jitter)
