@@ -53,11 +53,9 @@ PINNED = 1.2
 """Slow start refused after a step up of at most this: the limit lies
 between the two paces, so probing past the plateau is as slow as when steady."""
 HIDDEN = 0.7
-"""A burst allowance hid the limit when what the server sustained between
-two refusals is at most this share of the refused pace (see ``sustained``)."""
+"""A burst hid the limit: what was sustained between two refusals is at most this share of the refused pace."""
 APART = 0.25
-"""Seconds by which two stretches of sending must differ in length for the
-difference of what they served to say a rate."""
+"""Seconds by which two stretches of sending must differ in length for what they served to say a rate."""
 HELD = 3.0
 """Seconds a pinned pace held without a refusal before a refusal right after
 the next cooldown counts as a stray, not a drop (see ``throttled``)."""
@@ -65,9 +63,8 @@ COUNTED = 8
 """Successes by which they must differ too: a stretch ends on a fraction of a
 token, so the rate is off by up to one success in this many."""
 SHORT = 3.0
-"""Seconds: a pace far above the rate spends a burst of a second or two's
-worth within this; a longer stretch ran near the rate and let tokens go to
-waste, so what it served says nothing about the rate."""
+"""Seconds: a pace far above the rate spends a burst of a second or two's worth within this; a
+longer stretch ran near the rate and let tokens go to waste, so what it served says nothing."""
 
 
 def doubling_step(rate: float) -> float:
@@ -116,11 +113,8 @@ def step_pays(rate: float, grown: float, left: float | None, cooldown: float) ->
 
 
 class Meter:
-    """Smoothed successful responses per second, in half-second buckets.
-
-    A broad crawl keeps one per recently seen host, so it holds three fields:
-    the last tick is never more than a bucket after ``bucket``.
-    """
+    """Smoothed successful responses per second, in half-second buckets (three fields: a broad
+    crawl keeps one per recently seen host; the last tick is at most a bucket after ``bucket``)."""
 
     __slots__ = ("bucket", "count", "rate")
 
@@ -272,6 +266,13 @@ class RateController:
         self._regrow_from(base, now)
         return self.rate
 
+    def ran_ahead(self, sent: float) -> None:
+        """Slow start's pace ran ahead of the ``sent`` rate (a fleet's grants, booked ahead, lag its
+        steps): that rate is what was refused and the last let through, not the pace (before ``throttled``)."""
+        if self.starting and self.rate > sent > 0.0:
+            self.rate = max(self.min_rate, sent)
+            self.passed = min(self.passed, self.rate)
+
     def _at_peak(self, refused: float) -> bool:
         """A pace refused about where the last one was: the limit is pinned down."""
         return abs(refused * MARGIN - self.peak) <= 0.1 * self.peak
@@ -287,8 +288,10 @@ class RateController:
 
         Not a throttle of this process: counting it as one right after a
         cooldown would cut deeper, and the processes would cut each other
-        down to the floor in turn.
+        down to the floor in turn. The fleet's cooldown, often heard just before
+        the cut, still holds regrowth back (it climbed through it, resuming a third over the cut).
         """
+        paused = self.resumed
         base = rate / self.beta
         steady = self._at_peak(base)
         self.starting = False
@@ -298,6 +301,7 @@ class RateController:
         self.peak = base * MARGIN
         self.served, self.last = 0, None
         self._regrow_from(base, now)
+        self.resumed = max(self.resumed, paused)
 
     def paused(self, until: float, now: float) -> None:
         """The slot sends nothing until ``until`` (a cooldown): regrowth waits for it."""
@@ -341,11 +345,10 @@ class RateController:
         return self.rate
 
     def announced(self, rate: float) -> None:
-        """The server stated its quota: pace at it, and never above it."""
+        """The server stated its quota: never pace above it; follow it unless throttled (then only drop)."""
         self.ceiling = rate
         # A quota under the floor (30 a minute) lowers the floor: never pace above what the server allows.
         self.min_rate = min(self.min_rate, rate)
-        # Never throttled: follow the server. Throttled: the learned rate may only drop.
         self.rate = rate if not self.last_cut or not self.rate else min(self.rate, rate)
 
     def unannounced(self) -> RateController | None:

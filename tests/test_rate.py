@@ -587,3 +587,42 @@ def test_the_count_of_requests_left_is_asked_only_when_slow_start_would_step_up(
     pace.succeeded(measured=2.0, now=10.5, left=left)
     pace.succeeded(measured=2.0, now=11.0, left=left)
     assert asked == [1.4, 2.8]
+
+
+def test_an_adopted_cut_heard_during_the_fleet_s_cooldown_regrows_only_once_it_ends():
+    """Heard just after the fleet's cooldown, the cut restarted the curve at once: the pace climbed
+    through the cooldown and resumed a third over the cut (9.36 to 12.55 seen in the fleet)."""
+    pace = RateController()
+    pace.starting = False
+    pace.rate = 10.0
+    pace.paused(3.0, now=0.5)  # the fleet's cooldown, told first
+    pace.adopted(7.0, now=0.6)
+    assert pace.resumed == 3.0
+    assert pace.succeeded(100.0, 2.9) == pytest.approx(7.0)  # nothing grows while nothing is sent
+    assert pace.succeeded(100.0, 3.0 + pace.window) == pytest.approx(pace.peak)  # from the cooldown's end
+    later = RateController()
+    later.starting = False
+    later.rate = 10.0
+    later.paused(0.4, now=0.0)
+    later.adopted(7.0, now=0.6)  # after a cooldown that is over, the cut's curve starts now
+    assert later.resumed == 0.6
+
+
+def test_slow_start_s_pace_that_ran_ahead_of_what_was_sent_is_cut_from_what_was_sent():
+    """In a fleet the grants are booked ahead at the pace claimed then: slow start's pace doubled to
+    16 while the processes sent 9 together. Cut from 16, it resumed at 11.2, over a limit of 10."""
+    ahead = RateController()
+    ahead.rate, ahead.passed = 16.0, 8.0
+    ahead.ran_ahead(9.0)
+    assert (ahead.rate, ahead.passed) == (9.0, 8.0)
+    ahead.throttled(9.0, 0.0)
+    assert ahead.rate <= 9.0 and ahead.scale == STEADY_SCALE  # the limit lies between 8 and 9
+    told = RateController()
+    told.rate, told.passed = 16.0, 8.0
+    told.throttled(9.0, 0.0)
+    assert told.rate == pytest.approx(16.0 * 0.7)
+    for sent, starting in [(20.0, True), (0.0, True), (9.0, False)]:  # not ahead, unknown, out of slow start
+        pace = RateController()
+        pace.rate, pace.passed, pace.starting = 16.0, 8.0, starting
+        pace.ran_ahead(sent)
+        assert (pace.rate, pace.passed) == (16.0, 8.0)

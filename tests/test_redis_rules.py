@@ -16,7 +16,7 @@ from scrapy_retryafter.rate import MARGIN
 from scrapy_retryafter.redis.board import RedisBoard
 from scrapy_retryafter.redis.contact import HEARD_FOR, FirstContact
 from scrapy_retryafter.redis.exchange import Answer, Job, Reply, read_reply
-from scrapy_retryafter.redis.leases import ServerClock
+from scrapy_retryafter.redis.leases import Leases, ServerClock
 from scrapy_retryafter.redisconfig import RedisConfig
 
 SLOT = "shop.example"
@@ -769,3 +769,34 @@ def test_a_fleet_board_never_holds_none_since_asking_teaches_it_a_slot(fleet, cl
     assert len(board) == 0
     assert not board.holds_none()  # the fleet cools h1: a request to it must be asked about
     assert "h1" in board
+
+
+def test_the_rate_sent_at_is_the_usual_interval_between_sends_and_a_pause_is_no_interval():
+    leases = Leases(refresh=1.0)
+    assert leases.sending(SLOT) is None
+    leases.used(SLOT, 0.0)
+    assert leases.sending(SLOT) is None  # one send says no rate
+    for k in range(1, 30):
+        leases.used(SLOT, k * 0.2)
+    assert leases.sending(SLOT) == pytest.approx(5.0)
+    leases.used(SLOT, 29 * 0.2 + 2.5)  # a cooldown between two sends
+    assert leases.sending(SLOT) == pytest.approx(5.0)
+    leases.forget(SLOT)
+    assert leases.sending(SLOT) is None
+
+
+def test_a_fleet_s_slow_start_that_ran_ahead_of_its_grants_is_cut_from_what_the_fleet_sent(fleet, clock):
+    """Grants are booked ahead at the pace they were claimed at: slow start's pace doubled to 16
+    while the fleet's two processes sent 4.5 each. The cut is from 9, not from 16 (11.2, over the limit)."""
+    board, exchange, _ = fleet
+    board.throttled(SLOT, clock.now)  # slow start begins on the first burst's cut
+    exchange_once(board, exchange)
+    pace = board._slots[SLOT].pace
+    assert pace is not None and pace.starting
+    pace.rate, pace.passed = 16.0, 8.0
+    exchange_once(board, exchange, reply_of(counts={SLOT: 2}, paces={SLOT: 16.0}))
+    for _ in range(20):
+        clock.now += 1 / 4.5
+        board.released(SLOT)
+    rate = board.throttled(SLOT, clock.now)
+    assert rate is not None and rate <= 9.0

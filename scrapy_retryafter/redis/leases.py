@@ -24,6 +24,10 @@ USED = 0.001
 """A granted time this close ahead counts as the one just used."""
 DRIFT = 1e-4
 """Seconds per second the server's clock may drift from the local one (100 ppm: far more than clocks do)."""
+SENDING_GAP = 1.0
+"""Seconds between two sends beyond which the slot paused (a cooldown): that gap says nothing of the pace."""
+SENT_WEIGHT = 0.3
+"""Weight of each interval between two sends in the usual one (an EWMA)."""
 LATE_WEIGHT = 0.2
 """Weight of each due time's lateness in the process's usual lateness (an EWMA)."""
 
@@ -37,6 +41,8 @@ class Leases:
         self._want: dict[str, tuple[int, float]] = {}
         self._pace: dict[str, float] = {}
         """The pace the fleet last granted each slot's times at (its senders' slowest)."""
+        self._sent: dict[str, tuple[float, float]] = {}
+        """When this process last sent to each slot, and its usual interval (an EWMA over sends under a second apart)."""
         self._skipped: set[str] = set()
         """Slots whose last due time was skipped: their next one is sent however late."""
         self.usual_late = 0.0
@@ -109,6 +115,11 @@ class Leases:
     def used(self, slot: str, now: float) -> float | None:
         """A request of the slot left: drop its time, and any that went by unused; the next one."""
         self._skipped.discard(slot)
+        last, interval = self._sent.get(slot, (-math.inf, 0.0))
+        gap = now - last
+        if gap <= SENDING_GAP:
+            interval = gap if not interval else interval + SENT_WEIGHT * (gap - interval)
+        self._sent[slot] = (now, interval)
         return self.drop_before(slot, now + USED)
 
     def skip_late(self, slot: str, now: float, margin: float, interval: float) -> bool:
@@ -136,7 +147,13 @@ class Leases:
         self._skipped.add(slot)
         return True
 
+    def sending(self, slot: str) -> float | None:
+        """The rate this process has been sending to the slot at (its share of the fleet's); None if unknown."""
+        interval = self._sent.get(slot, (0.0, 0.0))[1]
+        return 1.0 / interval if interval > 0.0 else None
+
     def forget(self, slot: str) -> None:
+        self._sent.pop(slot, None)
         self._skipped.discard(slot)
         self._granted.pop(slot, None)
         self._want.pop(slot, None)
@@ -144,6 +161,7 @@ class Leases:
 
     def drop(self, slot: str) -> None:
         """Redis is lost: the slot is paced on this process's share alone."""
+        self._sent.pop(slot, None)
         self._skipped.discard(slot)
         self._granted.pop(slot, None)
         self._pace.pop(slot, None)

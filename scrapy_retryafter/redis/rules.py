@@ -219,6 +219,11 @@ class FleetRules(FleetFacts):
             # The pace refused is the one the fleet sent at (its senders' slowest), not this
             # process's own, which may have grown past it: the cut is from what was too fast.
             state.pace.rate = min(state.pace.rate, fleet)
+            sending = self.leases.sending(slot)
+            if sending is not None:
+                # Grants are booked ahead at the pace they were claimed at: slow start's steps
+                # outrun them, and the fleet sent at about its processes' rate, not its pace.
+                state.pace.ran_ahead(sending * self.share(slot))
         rate = super().throttled(slot, sent_at, beta)
         self._grown.pop(slot, None)
         if rate is not None:
