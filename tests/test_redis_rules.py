@@ -14,7 +14,7 @@ from scrapy_retryafter.breaker import CLOSED, OPEN
 from scrapy_retryafter.policy import SlotPolicy
 from scrapy_retryafter.rate import MARGIN
 from scrapy_retryafter.redis.board import RedisBoard
-from scrapy_retryafter.redis.contact import HEARD_FOR, FirstContact
+from scrapy_retryafter.redis.contact import HEARD_FOR, SETTLE, FirstContact
 from scrapy_retryafter.redis.exchange import Answer, Job, Reply, read_reply
 from scrapy_retryafter.redis.leases import Leases, ServerClock
 from scrapy_retryafter.redisconfig import RedisConfig
@@ -626,6 +626,45 @@ def test_a_host_new_to_the_fleet_gets_the_first_contact_sends_granted_then_opens
     board.succeeded(SLOT)
     assert board.ready_at(SLOT, 20) == 0.0
     assert exchange.jobs[-1].writes.get(("seen", SLOT)) == "1"  # the fleet hears of it at once
+
+
+@pytest.mark.parametrize("reports", [("success", "succeeded"), ("succeeded",), ("success",)])
+def test_a_first_contact_counts_each_answer_once_however_the_middleware_reports_it(clock, reports):
+    """The middleware reports one success as ``success`` then ``succeeded`` where the board holds the
+    slot: counted in both, a host opened after half its first-contact answers."""
+    board, exchange = _contact_board(clock)
+    assert SLOT in board
+    exchange_once(board, exchange, reply_of(first={SLOT: 3}))
+    for _ in range(3):
+        board.released(SLOT)
+
+    def answer() -> None:
+        for report in reports:
+            if report == "success":
+                board.success(SLOT, 0.1, 10.0)
+            else:
+                board.succeeded(SLOT)
+
+    for _ in range(2):
+        answer()
+        assert board.ready_at(SLOT, 20) > clock.now
+    answer()
+    assert board.ready_at(SLOT, 20) == 0.0
+
+
+def test_a_first_contact_send_that_never_answers_holds_the_host_only_a_second_after_a_success(clock):
+    """A send that fails without a response is never answered: the host waited CONTACT_WAIT for it."""
+    board, exchange = _contact_board(clock)
+    assert SLOT in board
+    exchange_once(board, exchange, reply_of(first={SLOT: 2}))
+    for _ in range(2):
+        board.released(SLOT)
+    board.succeeded(SLOT)  # the other send fails: no answer comes
+    clock.now += SETTLE / 2
+    assert board.ready_at(SLOT, 20) > clock.now
+    clock.now += SETTLE / 2
+    assert board.ready_at(SLOT, 20) == 0.0
+    assert exchange.jobs[-1].writes.get(("seen", SLOT)) == "1"
 
 
 def test_a_first_contact_throttled_tells_the_fleet_of_the_host_its_cut_and_its_cooldown_in_one_exchange(clock):

@@ -9,8 +9,9 @@ only the first-contact sends Redis granted it. The first response opens the
 host to every process, once this process's first-contact sends are all
 answered or one of them was throttled: told at the first success of eight, a
 fleet opened its other processes to a host that refused the other seven, and
-each sent its unpaced burst into the cooldown before it heard of it. Pure:
-the caller passes the time.
+each sent its unpaced burst into the cooldown before it heard of it. A send
+that fails without a response never answers, so a success opens the host
+anyway SETTLE seconds later. Pure: the caller passes the time.
 
 The board drops a slot with nothing to remember (no pace, no cooldown) after
 each answer, and meets it again at its next request. A slot met again keeps
@@ -29,6 +30,7 @@ it is granted first-contact sends again (it asks the fleet's pace with them).
 from __future__ import annotations
 
 import collections
+import math
 
 __all__ = ["FirstContact"]
 
@@ -39,6 +41,9 @@ HEARD_MEMORY = 100_000
 """Hosts this process heard from, the newest kept; one that fell out is held once more, until the fleet answers."""
 HEARD_FOR = 1800.0
 """Seconds a host heard from stays open here; the fleet's own ``seen`` lasts an hour from its last write."""
+SETTLE = 1.0
+"""Seconds after a first-contact success that the host opens even with sends still unanswered
+(a send that fails without a response never answers; waiting CONTACT_WAIT for it stalls the fleet)."""
 
 
 class FirstContact:
@@ -48,8 +53,9 @@ class FirstContact:
         self.limit = limit
         self.wait = wait
         self.memory = memory
-        self._gated: dict[str, tuple[int, float, int]] = {}
-        """Sends left here, since when, and sends not answered yet, per slot the fleet has not heard from."""
+        self._gated: dict[str, tuple[int, float, int, float]] = {}
+        """Sends left here, since when, sends not answered yet, and since when a success waits
+        for them, per slot the fleet has not heard from."""
         self._heard: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()
         """Unpaced slots this process had a response from (or the fleet had): when, and when the fleet was last told."""
 
@@ -66,7 +72,7 @@ class FirstContact:
                 self._heard.move_to_end(slot)
                 return False
             del self._heard[slot]
-        self._gated.setdefault(slot, (0, now, 0))
+        self._gated.setdefault(slot, (0, now, 0, math.inf))
         return True
 
     def holds(self, slot: str, now: float) -> bool:
@@ -82,11 +88,11 @@ class FirstContact:
     def sent(self, slot: str) -> None:
         gated = self._gated.get(slot)
         if gated is not None:
-            self._gated[slot] = (max(0, gated[0] - 1), gated[1], gated[2] + 1)
+            self._gated[slot] = (max(0, gated[0] - 1), gated[1], gated[2] + 1, gated[3])
 
     def claims(self) -> list[tuple[str, int]]:
         """(slot, how many) for each held slot with no send left: ask the fleet again."""
-        return [(slot, self.limit) for slot, (left, _, _) in self._gated.items() if left <= 0]
+        return [(slot, self.limit) for slot, (left, *_) in self._gated.items() if left <= 0]
 
     def granted(self, slot: str, count: int, now: float) -> bool:
         """The fleet's answer: ``count`` sends, or -1 when it has heard from the host. True if the slot may send."""
@@ -98,7 +104,7 @@ class FirstContact:
             self._hear(slot, now, now)
             return True
         if count > 0:
-            self._gated[slot] = (gated[0] + count, gated[1], gated[2])
+            self._gated[slot] = (gated[0] + count, gated[1], gated[2], gated[3])
             return True
         return False
 
@@ -110,7 +116,7 @@ class FirstContact:
         """
         gated = self._gated.get(slot)
         if gated is not None and not paced and gated[2] > 1 and self.limit > 0:
-            self._gated[slot] = (gated[0], gated[1], gated[2] - 1)
+            self._gated[slot] = (gated[0], gated[1], gated[2] - 1, min(gated[3], now))
             return False, False
         held = self._gated.pop(slot, None) is not None
         if self.limit <= 0 or paced:
@@ -122,6 +128,15 @@ class FirstContact:
             return True, held
         self._hear(slot, now, heard[1])
         return False, held
+
+    def settled(self, slot: str, now: float) -> bool:
+        """A success has waited SETTLE for the slot's other sends: open it here (True: tell the fleet)."""
+        gated = self._gated.get(slot)
+        if gated is None or now - gated[3] < SETTLE:
+            return False
+        del self._gated[slot]
+        self._hear(slot, now, now)
+        return True
 
     def paced_elsewhere(self, slot: str) -> None:
         """Another process published a pace for the slot: met again, it waits for the fleet's answer."""
@@ -135,5 +150,5 @@ class FirstContact:
 
     def sweep(self, now: float) -> None:
         """Drop the holds that waited out their time."""
-        for slot in [slot for slot, (_, since, _) in self._gated.items() if now - since > self.wait]:
+        for slot in [slot for slot, (_, since, *_) in self._gated.items() if now - since > self.wait]:
             del self._gated[slot]

@@ -35,6 +35,8 @@ class FleetRules(FleetFacts):
     """A throttle's events are being written: one exchange carries them all, after the last."""
     batched = False
     """News came while batching: exchange once the batch is written."""
+    _success_of: str | None = None
+    """The slot whose response ``success`` just counted: ``succeeded`` for the same response does not count it again."""
 
     def forgot(self, slot: str) -> None:
         """Nothing kept per slot beside the board outlives it."""
@@ -58,7 +60,7 @@ class FleetRules(FleetFacts):
         """
         if slot in self._slots:
             return True
-        if not self.lost and self.contact.holds(slot, self.clock()):
+        if not self.lost and self._contact_holds(slot):
             self._slots[slot] = SlotState()  # dropped by the board meanwhile: still held
             return True
         if slot not in self._met:
@@ -122,8 +124,17 @@ class FleetRules(FleetFacts):
             self._news()
         return opened
 
+    def _contact_holds(self, slot: str) -> bool:
+        """First contact holds the slot; a success that waited SETTLE opens it and tells the fleet."""
+        now = self.clock()
+        if self.contact.settled(slot, now):
+            self._write("seen", slot, "1")
+            self._news()
+        return self.contact.holds(slot, now)
+
     def success(self, slot: str, token_ratio: float, max_tokens: float) -> bool:
         self._heard_from(slot)  # also where the slot's policy does not adapt its pace (no ``succeeded``)
+        self._success_of = slot
         closed = super().success(slot, token_ratio, max_tokens)
         if closed:
             self._opened_at.pop(slot, None)
@@ -154,7 +165,7 @@ class FleetRules(FleetFacts):
 
     def ready_at(self, slot: str, held: int = 1) -> float:
         state = self._slots.get(slot)
-        if not self.lost and self.contact.holds(slot, self.clock()):
+        if not self.lost and self._contact_holds(slot):
             self._active[slot] = now = self.clock()
             if state is None:
                 self._slots[slot] = SlotState()
@@ -234,7 +245,9 @@ class FleetRules(FleetFacts):
         return rate
 
     def succeeded(self, slot: str, left: Callable[[], int | None] | None = None) -> bool:
-        self._heard_from(slot)
+        if self._success_of != slot:  # the middleware calls ``success`` first for a slot the board holds
+            self._heard_from(slot)
+        self._success_of = None
         sooner = super().succeeded(slot, left)
         state = self._slots.get(slot)
         grown = self._grown.get(slot)
