@@ -14,7 +14,7 @@ from scrapy_retryafter.breaker import CLOSED, OPEN
 from scrapy_retryafter.policy import SlotPolicy
 from scrapy_retryafter.rate import MARGIN
 from scrapy_retryafter.redis.board import RedisBoard
-from scrapy_retryafter.redis.contact import HEARD_FOR, SETTLE, FirstContact
+from scrapy_retryafter.redis.contact import CONTACT_WAIT, HEARD_FOR, SETTLE, FirstContact
 from scrapy_retryafter.redis.exchange import Answer, Job, Reply, read_reply
 from scrapy_retryafter.redis.leases import Leases, ServerClock
 from scrapy_retryafter.redisconfig import RedisConfig
@@ -622,6 +622,7 @@ def test_a_host_new_to_the_fleet_gets_the_first_contact_sends_granted_then_opens
     for _ in range(2):
         board.succeeded(SLOT)
         assert board.ready_at(SLOT, 20) > clock.now  # a first success: the others may yet be refused
+        board.left(SLOT)
         assert all(("seen", SLOT) not in job.writes for job in exchange.jobs)
     board.succeeded(SLOT)
     assert board.ready_at(SLOT, 20) == 0.0
@@ -648,23 +649,79 @@ def test_a_first_contact_counts_each_answer_once_however_the_middleware_reports_
     for _ in range(2):
         answer()
         assert board.ready_at(SLOT, 20) > clock.now
+        board.left(SLOT)
     answer()
     assert board.ready_at(SLOT, 20) == 0.0
 
 
-def test_a_first_contact_send_that_never_answers_holds_the_host_only_a_second_after_a_success(clock):
-    """A send that fails without a response is never answered: the host waited CONTACT_WAIT for it."""
+def test_a_first_contact_send_that_fails_opens_the_host_a_success_waited_for(clock):
+    """A send that fails has no response: it leaves the downloader all the same, and it was the
+    last the success waited for."""
+    board, exchange = _contact_board(clock)
+    sooner: list[str] = []
+    board.on_sooner = sooner.append
+    assert SLOT in board
+    exchange_once(board, exchange, reply_of(first={SLOT: 2}))
+    for _ in range(2):
+        board.released(SLOT)
+    board.succeeded(SLOT)
+    board.left(SLOT)
+    assert board.ready_at(SLOT, 20) > clock.now
+    board.left(SLOT)  # the other send failed
+    assert sooner == [SLOT, SLOT]  # granted, then opened: the queue looks again at once
+    assert board.ready_at(SLOT, 20) == 0.0
+    assert exchange.jobs[-1].writes.get(("seen", SLOT)) == "1"
+
+
+def test_first_contact_sends_that_all_fail_keep_the_host_held(clock):
     board, exchange = _contact_board(clock)
     assert SLOT in board
     exchange_once(board, exchange, reply_of(first={SLOT: 2}))
     for _ in range(2):
         board.released(SLOT)
-    board.succeeded(SLOT)  # the other send fails: no answer comes
-    clock.now += SETTLE / 2
-    assert board.ready_at(SLOT, 20) > clock.now
-    clock.now += SETTLE / 2
+        board.left(SLOT)
+    assert board.ready_at(SLOT, 20) > clock.now  # no answer yet: the fleet is asked again
+    assert all(("seen", SLOT) not in job.writes for job in exchange.jobs)
+
+
+@pytest.mark.parametrize("took", [0.0, 4.0])
+def test_a_first_contact_send_that_never_leaves_holds_the_host_as_long_again_as_the_success_took(clock, took):
+    """A send a middleware answered or dropped on the way never leaves the downloader: the host
+    waited CONTACT_WAIT for it. A success opens it after as long again as it took (SETTLE at least):
+    a fixed second opened a host whose answers were only slow at its first success."""
+    board, exchange = _contact_board(clock)
+    assert SLOT in board
+    exchange_once(board, exchange, reply_of(first={SLOT: 2}))
+    for _ in range(2):
+        board.released(SLOT)
+    clock.now += took
+    board.succeeded(SLOT)
+    board.left(SLOT)
+    wait = max(SETTLE, took)
+    assert board.ready_at(SLOT, 20) == pytest.approx(min(clock.now + board.leases.horizon, clock.now + wait))
+    clock.now += wait - 0.01
+    assert board.ready_at(SLOT, 20) == pytest.approx(clock.now + 0.01)  # no later than it opens
+    clock.now += 0.01
     assert board.ready_at(SLOT, 20) == 0.0
     assert exchange.jobs[-1].writes.get(("seen", SLOT)) == "1"
+
+
+def test_a_success_that_waited_its_time_tells_the_fleet_at_the_sweep_if_nothing_asks(clock):
+    """Nothing may ask for the slot again (its requests all sent): the hold ran out at CONTACT_WAIT,
+    the fleet never heard of the host, and this process held it again."""
+    board, exchange = _contact_board(clock)
+    assert SLOT in board
+    exchange_once(board, exchange, reply_of(first={SLOT: 2}))
+    for _ in range(2):
+        board.released(SLOT)
+    board.succeeded(SLOT)
+    board.left(SLOT)
+    clock.now += SETTLE
+    board.sweep()
+    assert exchange.jobs[-1].writes.get(("seen", SLOT)) == "1"
+    clock.now += CONTACT_WAIT
+    board.sweep()
+    assert SLOT not in board and board.ready_at(SLOT, 20) == 0.0  # heard: not held again
 
 
 def test_a_first_contact_throttled_tells_the_fleet_of_the_host_its_cut_and_its_cooldown_in_one_exchange(clock):

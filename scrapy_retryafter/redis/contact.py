@@ -6,12 +6,14 @@ no burst answers nearly all of them 429. So until the fleet has had one
 response from a host, at most ``limit`` requests (CONCURRENT_REQUESTS_PER_DOMAIN,
 what one crawler would send) go to it from the whole fleet: each process sends
 only the first-contact sends Redis granted it. The first response opens the
-host to every process, once this process's first-contact sends are all
-answered or one of them was throttled: told at the first success of eight, a
-fleet opened its other processes to a host that refused the other seven, and
-each sent its unpaced burst into the cooldown before it heard of it. A send
-that fails without a response never answers, so a success opens the host
-anyway SETTLE seconds later. Pure: the caller passes the time.
+host to every process, once this process's first-contact sends have all left
+the downloader (answered, or failed without a response) or one of them was
+throttled: told at the first success of eight, a fleet opened its other
+processes to a host that refused the other seven, and each sent its unpaced
+burst into the cooldown before it heard of it. A send that never leaves (a
+middleware answered or dropped it on the way) would hold the host for
+CONTACT_WAIT, so a success opens it anyway after as long again as it took,
+SETTLE at least. Pure: the caller passes the time.
 
 The board drops a slot with nothing to remember (no pace, no cooldown) after
 each answer, and meets it again at its next request. A slot met again keeps
@@ -42,8 +44,9 @@ HEARD_MEMORY = 100_000
 HEARD_FOR = 1800.0
 """Seconds a host heard from stays open here; the fleet's own ``seen`` lasts an hour from its last write."""
 SETTLE = 1.0
-"""Seconds after a first-contact success that the host opens even with sends still unanswered
-(a send that fails without a response never answers; waiting CONTACT_WAIT for it stalls the fleet)."""
+"""The least a first-contact success waits for the other sends before it opens the host: a send
+that never leaves the downloader would hold it CONTACT_WAIT. It waits as long again as it took,
+so a host whose answers are only slow still answers the others first."""
 
 
 class FirstContact:
@@ -54,8 +57,8 @@ class FirstContact:
         self.wait = wait
         self.memory = memory
         self._gated: dict[str, tuple[int, float, int, float]] = {}
-        """Sends left here, since when, sends not answered yet, and since when a success waits
-        for them, per slot the fleet has not heard from."""
+        """Sends left here, since when, sends on the wire, and when a success that waits for
+        them opens the slot anyway (inf: none yet), per slot the fleet has not heard from."""
         self._heard: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()
         """Unpaced slots this process had a response from (or the fleet had): when, and when the fleet was last told."""
 
@@ -112,11 +115,13 @@ class FirstContact:
         """A response came from the slot: (tell the fleet, it was held: tell it now).
 
         ``paced``: the slot has a pace here, or this answer was a throttle (a pace follows).
-        A success while more first-contact sends are on the wire waits for them: (False, False).
+        A success while other first-contact sends are on the wire waits for them to leave the
+        downloader (``left``), or for ``opens_at``: (False, False).
         """
         gated = self._gated.get(slot)
         if gated is not None and not paced and gated[2] > 1 and self.limit > 0:
-            self._gated[slot] = (gated[0], gated[1], gated[2] - 1, min(gated[3], now))
+            opens = min(gated[3], now + min(max(SETTLE, now - gated[1]), self.wait))
+            self._gated[slot] = (gated[0], gated[1], gated[2], opens)
             return False, False
         held = self._gated.pop(slot, None) is not None
         if self.limit <= 0 or paced:
@@ -129,10 +134,29 @@ class FirstContact:
         self._hear(slot, now, heard[1])
         return False, held
 
-    def settled(self, slot: str, now: float) -> bool:
-        """A success has waited SETTLE for the slot's other sends: open it here (True: tell the fleet)."""
+    def left(self, slot: str, now: float) -> bool:
+        """A send left the downloader, answered or not: True when it was the last one a success
+        waited for, which opens the slot (tell the fleet)."""
         gated = self._gated.get(slot)
-        if gated is None or now - gated[3] < SETTLE:
+        if gated is None:
+            return False
+        wire = max(0, gated[2] - 1)
+        if wire == 0 and gated[3] < math.inf:
+            del self._gated[slot]
+            self._hear(slot, now, now)
+            return True
+        self._gated[slot] = (gated[0], gated[1], wire, gated[3])
+        return False
+
+    def opens_at(self, slot: str) -> float:
+        """When a success that waits for the slot's other sends opens it anyway (inf: none waits)."""
+        gated = self._gated.get(slot)
+        return math.inf if gated is None else gated[3]
+
+    def settled(self, slot: str, now: float) -> bool:
+        """A success has waited its time for the slot's other sends: open it here (True: tell the fleet)."""
+        gated = self._gated.get(slot)
+        if gated is None or now < gated[3]:
             return False
         del self._gated[slot]
         self._hear(slot, now, now)
@@ -148,7 +172,12 @@ class FirstContact:
         if len(self._heard) > self.memory:
             self._heard.popitem(last=False)
 
-    def sweep(self, now: float) -> None:
-        """Drop the holds that waited out their time."""
+    def sweep(self, now: float) -> list[str]:
+        """Open the slots whose success waited its time, then drop the holds that waited out
+        theirs; the slots opened (tell the fleet: no request may come to ask for them)."""
+        opened = [slot for slot, gated in self._gated.items() if now >= gated[3]]
+        for slot in opened:
+            self.settled(slot, now)
         for slot in [slot for slot, (_, since, *_) in self._gated.items() if now - since > self.wait]:
             del self._gated[slot]
+        return opened

@@ -35,8 +35,6 @@ class FleetRules(FleetFacts):
     """A throttle's events are being written: one exchange carries them all, after the last."""
     batched = False
     """News came while batching: exchange once the batch is written."""
-    _success_of: str | None = None
-    """The slot whose response ``success`` just counted: ``succeeded`` for the same response does not count it again."""
 
     def forgot(self, slot: str) -> None:
         """Nothing kept per slot beside the board outlives it."""
@@ -86,7 +84,7 @@ class FleetRules(FleetFacts):
         now = self.clock()
         for slot in [slot for slot, (cool, circuit) in self._elsewhere.items() if max(cool, circuit) <= now]:
             del self._elsewhere[slot]
-        self.contact.sweep(now)
+        self._seen(self.contact.sweep(now))
         return super().sweep()
 
     # -- the board's events, published ---------------------------------------
@@ -125,16 +123,29 @@ class FleetRules(FleetFacts):
         return opened
 
     def _contact_holds(self, slot: str) -> bool:
-        """First contact holds the slot; a success that waited SETTLE opens it and tells the fleet."""
+        """First contact holds the slot; a success that waited its time opens it and tells the fleet."""
         now = self.clock()
         if self.contact.settled(slot, now):
-            self._write("seen", slot, "1")
-            self._news()
+            self._seen([slot])
         return self.contact.holds(slot, now)
+
+    def left(self, slot: str) -> None:
+        """A request left the downloader, answered or failed: the last first-contact send a success
+        waited for opens the slot, here and in the fleet."""
+        now = self.clock()
+        if self.contact.left(slot, now):
+            self._seen([slot])
+            self.on_sooner(slot)
+            self.on_wake(now)
+
+    def _seen(self, slots: list[str]) -> None:
+        for slot in slots:
+            self._write("seen", slot, "1")
+        if slots:
+            self._news()
 
     def success(self, slot: str, token_ratio: float, max_tokens: float) -> bool:
         self._heard_from(slot)  # also where the slot's policy does not adapt its pace (no ``succeeded``)
-        self._success_of = slot
         closed = super().success(slot, token_ratio, max_tokens)
         if closed:
             self._opened_at.pop(slot, None)
@@ -169,7 +180,8 @@ class FleetRules(FleetFacts):
             self._active[slot] = now = self.clock()
             if state is None:
                 self._slots[slot] = SlotState()
-            return now + self.leases.horizon  # a first contact the fleet has not granted
+            # a first contact the fleet has not granted, or a success waiting for the other sends
+            return min(now + self.leases.horizon, self.contact.opens_at(slot))
         if state is not None:
             now = self.clock()
             self._active[slot] = now
@@ -245,9 +257,7 @@ class FleetRules(FleetFacts):
         return rate
 
     def succeeded(self, slot: str, left: Callable[[], int | None] | None = None) -> bool:
-        if self._success_of != slot:  # the middleware calls ``success`` first for a slot the board holds
-            self._heard_from(slot)
-        self._success_of = None
+        self._heard_from(slot)  # the middleware may have called ``success`` for it too: counted once
         sooner = super().succeeded(slot, left)
         state = self._slots.get(slot)
         grown = self._grown.get(slot)

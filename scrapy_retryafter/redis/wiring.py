@@ -11,10 +11,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
+from scrapy import signals
+
 from ..eventlog import printable
 from .board import RedisBoard
 
 if TYPE_CHECKING:
+    from scrapy import Request
     from scrapy.crawler import Crawler
 
     from ..redisconfig import RedisConfig
@@ -41,6 +44,8 @@ class FleetHost(Protocol):
 
     def refused_elsewhere(self, slot: str) -> None: ...
 
+    def slot_of(self, request: Request) -> str: ...
+
 
 def fleet_board(extension: FleetHost, config: Config, clock: Any) -> RedisBoard:
     """The Redis board for ``extension``'s crawl, its events wired, connected if Redis answers."""
@@ -61,6 +66,13 @@ def fleet_board(extension: FleetHost, config: Config, clock: Any) -> RedisBoard:
     board.on_wake = extension.wake_at
     board.on_sooner = extension.sooner
     board.on_late_lease = lambda slot: stats.inc_value("retry_after/redis/late_sends_skipped")
+
+    def left(request: Request, spider: object = None) -> None:
+        slot = request.meta.get("download_slot")
+        board.left(slot if slot.__class__ is str else extension.slot_of(request))
+
+    # Answered or failed: the last of a first contact's sends opens the host to the fleet.
+    crawler.signals.connect(left, signal=signals.request_left_downloader, weak=False)
     if board.connect():
         logger.info("Sharing cooldowns through the Redis board at %s (keys %s:*)", config.redis.safe_url, config.redis.prefix)
     return board
