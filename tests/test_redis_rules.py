@@ -657,13 +657,8 @@ def test_a_first_contact_counts_each_answer_once_however_the_middleware_reports_
 def test_a_first_contact_send_that_fails_opens_the_host_a_success_waited_for(clock):
     """A send that fails has no response: it leaves the downloader all the same, and it was the
     last the success waited for."""
-    board, exchange = _contact_board(clock)
     sooner: list[str] = []
-    board.on_sooner = sooner.append
-    assert SLOT in board
-    exchange_once(board, exchange, reply_of(first={SLOT: 2}))
-    for _ in range(2):
-        board.released(SLOT)
+    board, exchange = _sent_first_contact(clock, 2, sooner.append)
     board.succeeded(SLOT)
     board.left(SLOT)
     assert board.ready_at(SLOT, 20) > clock.now
@@ -674,12 +669,9 @@ def test_a_first_contact_send_that_fails_opens_the_host_a_success_waited_for(clo
 
 
 def test_first_contact_sends_that_all_fail_keep_the_host_held(clock):
-    board, exchange = _contact_board(clock)
-    assert SLOT in board
-    exchange_once(board, exchange, reply_of(first={SLOT: 2}))
+    board, exchange = _sent_first_contact(clock, 2)
     for _ in range(2):
-        board.released(SLOT)
-        board.left(SLOT)
+        board.left(SLOT)  # each reset
     assert board.ready_at(SLOT, 20) > clock.now  # no answer yet: the fleet is asked again
     assert all(("seen", SLOT) not in job.writes for job in exchange.jobs)
 
@@ -689,11 +681,7 @@ def test_a_first_contact_send_that_never_leaves_holds_the_host_as_long_again_as_
     """A send a middleware answered or dropped on the way never leaves the downloader: the host
     waited CONTACT_WAIT for it. A success opens it after as long again as it took (SETTLE at least):
     a fixed second opened a host whose answers were only slow at its first success."""
-    board, exchange = _contact_board(clock)
-    assert SLOT in board
-    exchange_once(board, exchange, reply_of(first={SLOT: 2}))
-    for _ in range(2):
-        board.released(SLOT)
+    board, exchange = _sent_first_contact(clock, 2)
     clock.now += took
     board.succeeded(SLOT)
     board.left(SLOT)
@@ -709,11 +697,7 @@ def test_a_first_contact_send_that_never_leaves_holds_the_host_as_long_again_as_
 def test_a_success_that_waited_its_time_tells_the_fleet_at_the_sweep_if_nothing_asks(clock):
     """Nothing may ask for the slot again (its requests all sent): the hold ran out at CONTACT_WAIT,
     the fleet never heard of the host, and this process held it again."""
-    board, exchange = _contact_board(clock)
-    assert SLOT in board
-    exchange_once(board, exchange, reply_of(first={SLOT: 2}))
-    for _ in range(2):
-        board.released(SLOT)
+    board, exchange = _sent_first_contact(clock, 2)
     board.succeeded(SLOT)
     board.left(SLOT)
     clock.now += SETTLE
@@ -739,6 +723,18 @@ def test_a_first_contact_throttled_tells_the_fleet_of_the_host_its_cut_and_its_c
     assert len(exchange.jobs) == before + 1  # one exchange; the second 429 of the burst tells nothing new
     writes = exchange.jobs[-1].writes
     assert writes[("seen", SLOT)] == "1" and ("cool", SLOT) in writes and writes[("rate", SLOT)].endswith(":cut")
+
+
+def _sent_first_contact(clock: Clock, sends: int, sooner: Any = None) -> tuple[RedisBoard, FakeExchange]:
+    """A host met, ``sends`` first-contact sends granted by the fleet and all sent."""
+    board, exchange = _contact_board(clock)
+    if sooner is not None:
+        board.on_sooner = sooner
+    assert SLOT in board
+    exchange_once(board, exchange, reply_of(first={SLOT: sends}))
+    for _ in range(sends):
+        board.released(SLOT)
+    return board, exchange
 
 
 def _contact_board(clock: Clock) -> tuple[RedisBoard, FakeExchange]:
