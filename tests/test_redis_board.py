@@ -281,9 +281,11 @@ def test_the_fleet_sends_a_new_host_no_more_than_the_first_contact_limit_until_o
         for each in fleet:
             assert each.sync()
         sent = [0] * len(fleet)
+        marks: list[float | None] = [None] * len(fleet)
         for n, each in enumerate(fleet):
             while each.ready_at("new.example") == 0.0 and sum(sent) < 50:
                 each.released("new.example")
+                marks[n] = each.reached("new.example")
                 sent[n] += 1
         assert sum(sent) == 4
         # Opened once every first-contact send is answered (one of several may yet be refused).
@@ -294,7 +296,7 @@ def test_the_fleet_sends_a_new_host_no_more_than_the_first_contact_limit_until_o
                     assert other.sync()
                 assert not any(other.ready_at("new.example") == 0.0 for other in fleet if other is not each)
                 each.succeeded("new.example")
-                each.left("new.example")  # the request leaves the downloader after its response
+                each.left("new.example", marks[n])  # the request leaves the downloader after its response
                 answered += 1
         assert answered == 4
         for each in fleet:

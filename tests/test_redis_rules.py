@@ -617,12 +617,12 @@ def test_a_host_new_to_the_fleet_gets_the_first_contact_sends_granted_then_opens
     assert (SLOT, 8) in exchange.jobs[0].first and job.first == [] and sooner == [SLOT]
     for _ in range(3):
         assert board.ready_at(SLOT, 20) == 0.0
-        board.released(SLOT)
+        mark = _send(board)
     assert board.ready_at(SLOT, 20) > clock.now  # its three sends are out, and no answer yet
     for _ in range(2):
         board.succeeded(SLOT)
         assert board.ready_at(SLOT, 20) > clock.now  # a first success: the others may yet be refused
-        board.left(SLOT)
+        board.left(SLOT, mark)
         assert all(("seen", SLOT) not in job.writes for job in exchange.jobs)
     board.succeeded(SLOT)
     assert board.ready_at(SLOT, 20) == 0.0
@@ -637,7 +637,7 @@ def test_a_first_contact_counts_each_answer_once_however_the_middleware_reports_
     assert SLOT in board
     exchange_once(board, exchange, reply_of(first={SLOT: 3}))
     for _ in range(3):
-        board.released(SLOT)
+        mark = _send(board)
 
     def answer() -> None:
         for report in reports:
@@ -649,7 +649,7 @@ def test_a_first_contact_counts_each_answer_once_however_the_middleware_reports_
     for _ in range(2):
         answer()
         assert board.ready_at(SLOT, 20) > clock.now
-        board.left(SLOT)
+        board.left(SLOT, mark)
     answer()
     assert board.ready_at(SLOT, 20) == 0.0
 
@@ -658,20 +658,20 @@ def test_a_first_contact_send_that_fails_opens_the_host_a_success_waited_for(clo
     """A send that fails has no response: it leaves the downloader all the same, and it was the
     last the success waited for."""
     sooner: list[str] = []
-    board, exchange = _sent_first_contact(clock, 2, sooner.append)
+    board, exchange, mark = _sent_first_contact(clock, 2, sooner.append)
     board.succeeded(SLOT)
-    board.left(SLOT)
+    board.left(SLOT, mark)
     assert board.ready_at(SLOT, 20) > clock.now
-    board.left(SLOT)  # the other send failed
+    board.left(SLOT, mark)  # the other send failed
     assert sooner == [SLOT, SLOT]  # granted, then opened: the queue looks again at once
     assert board.ready_at(SLOT, 20) == 0.0
     assert exchange.jobs[-1].writes.get(("seen", SLOT)) == "1"
 
 
 def test_first_contact_sends_that_all_fail_keep_the_host_held(clock):
-    board, exchange = _sent_first_contact(clock, 2)
+    board, exchange, mark = _sent_first_contact(clock, 2)
     for _ in range(2):
-        board.left(SLOT)  # each reset
+        board.left(SLOT, mark)  # each reset
     assert board.ready_at(SLOT, 20) > clock.now  # no answer yet: the fleet is asked again
     assert all(("seen", SLOT) not in job.writes for job in exchange.jobs)
 
@@ -681,10 +681,10 @@ def test_a_first_contact_send_that_never_leaves_holds_the_host_as_long_again_as_
     """A send a middleware answered or dropped on the way never leaves the downloader: the host
     waited CONTACT_WAIT for it. A success opens it after as long again as it took (SETTLE at least):
     a fixed second opened a host whose answers were only slow at its first success."""
-    board, exchange = _sent_first_contact(clock, 2)
+    board, exchange, mark = _sent_first_contact(clock, 2)
     clock.now += took
     board.succeeded(SLOT)
-    board.left(SLOT)
+    board.left(SLOT, mark)
     wait = max(SETTLE, took)
     assert board.ready_at(SLOT, 20) == pytest.approx(min(clock.now + board.leases.horizon, clock.now + wait))
     clock.now += wait - 0.01
@@ -697,15 +697,57 @@ def test_a_first_contact_send_that_never_leaves_holds_the_host_as_long_again_as_
 def test_a_success_that_waited_its_time_tells_the_fleet_at_the_sweep_if_nothing_asks(clock):
     """Nothing may ask for the slot again (its requests all sent): the hold ran out at CONTACT_WAIT,
     the fleet never heard of the host, and this process held it again."""
-    board, exchange = _sent_first_contact(clock, 2)
+    board, exchange, mark = _sent_first_contact(clock, 2)
     board.succeeded(SLOT)
-    board.left(SLOT)
+    board.left(SLOT, mark)
     clock.now += SETTLE
     board.sweep()
     assert exchange.jobs[-1].writes.get(("seen", SLOT)) == "1"
     clock.now += CONTACT_WAIT
     board.sweep()
     assert SLOT not in board and board.ready_at(SLOT, 20) == 0.0  # heard: not held again
+
+
+def test_a_success_late_in_the_hold_opens_the_host_by_the_holds_end_and_tells_the_fleet(clock):
+    """Opened at 7 + 7 s, past the hold's end at 10 s: the hold was dropped, the fleet never told."""
+    board, exchange, mark = _sent_first_contact(clock, 2)
+    clock.now += 7.0
+    board.succeeded(SLOT)
+    board.left(SLOT, mark)
+    clock.now += CONTACT_WAIT - 7.0
+    board.sweep()
+    assert exchange.jobs[-1].writes.get(("seen", SLOT)) == "1"
+    clock.now += 700.0
+    board.sweep()
+    assert board.ready_at(SLOT, 20) == 0.0  # heard: not held again
+
+
+def test_a_request_no_queue_released_is_counted_by_the_downloader_too(clock):
+    """robots.txt skips the scheduler: uncounted, its leaving opened the host with a page on the wire."""
+    board, exchange, mark = _sent_first_contact(clock, 2)
+    robots = board.reached(SLOT)
+    assert robots == mark
+    board.left(SLOT, robots)  # reset
+    board.succeeded(SLOT)
+    board.left(SLOT, mark)
+    assert board.ready_at(SLOT, 20) > clock.now  # the other page is still on the wire
+    assert all(("seen", SLOT) not in job.writes for job in exchange.jobs)
+
+
+def test_a_request_of_an_earlier_hold_lowers_no_count_of_the_next(clock):
+    board, exchange, old = _sent_first_contact(clock, 1)
+    clock.now += CONTACT_WAIT + 1.0
+    board.sweep()
+    board.forgot(SLOT)
+    board.sweep()
+    assert SLOT in board  # met again, held again
+    exchange_once(board, exchange, reply_of(first={SLOT: 2}))
+    marks = [_send(board) for _ in range(2)]
+    assert marks[0] != old
+    board.left(SLOT, old)  # the slow send of the first hold
+    board.succeeded(SLOT)
+    board.left(SLOT, marks[0])
+    assert board.ready_at(SLOT, 20) > clock.now  # the second is still on the wire
 
 
 def test_a_first_contact_throttled_tells_the_fleet_of_the_host_its_cut_and_its_cooldown_in_one_exchange(clock):
@@ -715,7 +757,7 @@ def test_a_first_contact_throttled_tells_the_fleet_of_the_host_its_cut_and_its_c
     assert SLOT in board
     exchange_once(board, exchange, reply_of(first={SLOT: 8}))
     for _ in range(8):
-        board.released(SLOT)
+        _send(board)
     board.succeeded(SLOT)
     before = len(exchange.jobs)
     board.throttle(SLOT, clock.now, 2.5, learn=True, wake_jitter=0.0, circuit_threshold=25, circuit_open_seconds=600.0)
@@ -725,16 +767,24 @@ def test_a_first_contact_throttled_tells_the_fleet_of_the_host_its_cut_and_its_c
     assert writes[("seen", SLOT)] == "1" and ("cool", SLOT) in writes and writes[("rate", SLOT)].endswith(":cut")
 
 
-def _sent_first_contact(clock: Clock, sends: int, sooner: Any = None) -> tuple[RedisBoard, FakeExchange]:
-    """A host met, ``sends`` first-contact sends granted by the fleet and all sent."""
+def _send(board: RedisBoard) -> float:
+    """A request released by the queue and taken by the downloader: the mark its leaving gives back."""
+    board.released(SLOT)
+    mark = board.reached(SLOT)
+    assert mark is not None
+    return mark
+
+
+def _sent_first_contact(clock: Clock, sends: int, sooner: Any = None) -> tuple[RedisBoard, FakeExchange, float]:
+    """A host met, ``sends`` first-contact sends granted by the fleet and all sent (their mark)."""
     board, exchange = _contact_board(clock)
     if sooner is not None:
         board.on_sooner = sooner
     assert SLOT in board
     exchange_once(board, exchange, reply_of(first={SLOT: sends}))
     for _ in range(sends):
-        board.released(SLOT)
-    return board, exchange
+        mark = _send(board)
+    return board, exchange, mark
 
 
 def _contact_board(clock: Clock) -> tuple[RedisBoard, FakeExchange]:

@@ -6,14 +6,16 @@ no burst answers nearly all of them 429. So until the fleet has had one
 response from a host, at most ``limit`` requests (CONCURRENT_REQUESTS_PER_DOMAIN,
 what one crawler would send) go to it from the whole fleet: each process sends
 only the first-contact sends Redis granted it. The first response opens the
-host to every process, once this process's first-contact sends have all left
-the downloader (answered, or failed without a response) or one of them was
-throttled: told at the first success of eight, a fleet opened its other
+host to every process, once the requests this process's downloader took for
+the host while it was held have all left it (answered, or failed without a
+response) or one of them was throttled: told at the first success of eight, a fleet opened its other
 processes to a host that refused the other seven, and each sent its unpaced
-burst into the cooldown before it heard of it. A send that never leaves (a
-middleware answered or dropped it on the way) would hold the host for
-CONTACT_WAIT, so a success opens it anyway after as long again as it took,
-SETTLE at least. Pure: the caller passes the time.
+burst into the cooldown before it heard of it. Each request is counted by the
+hold it reached the downloader in (robots.txt too, which no queue releases),
+so one from an earlier hold lowers no count. A send that never leaves would
+hold the host for CONTACT_WAIT, so a success opens it anyway after as long
+again as the hold had lasted, SETTLE at least, and never past the hold's end.
+Pure: the caller passes the time.
 
 The board drops a slot with nothing to remember (no pace, no cooldown) after
 each answer, and meets it again at its next request. A slot met again keeps
@@ -45,8 +47,8 @@ HEARD_FOR = 1800.0
 """Seconds a host heard from stays open here; the fleet's own ``seen`` lasts an hour from its last write."""
 SETTLE = 1.0
 """The least a first-contact success waits for the other sends before it opens the host: a send
-that never leaves the downloader would hold it CONTACT_WAIT. It waits as long again as it took,
-so a host whose answers are only slow still answers the others first."""
+that never leaves the downloader would hold it CONTACT_WAIT. It waits as long again as the hold
+had lasted, so a host whose answers are only slow still answers the others first."""
 
 
 class FirstContact:
@@ -57,8 +59,9 @@ class FirstContact:
         self.wait = wait
         self.memory = memory
         self._gated: dict[str, tuple[int, float, int, float]] = {}
-        """Sends left here, since when, sends on the wire, and when a success that waits for
-        them opens the slot anyway (inf: none yet), per slot the fleet has not heard from."""
+        """Sends left here, since when (the hold's mark), requests in the downloader, and when a
+        success that waits for them opens the slot anyway (inf: none yet), per slot the fleet
+        has not heard from."""
         self._heard: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()
         """Unpaced slots this process had a response from (or the fleet had): when, and when the fleet was last told."""
 
@@ -91,7 +94,15 @@ class FirstContact:
     def sent(self, slot: str) -> None:
         gated = self._gated.get(slot)
         if gated is not None:
-            self._gated[slot] = (max(0, gated[0] - 1), gated[1], gated[2] + 1, gated[3])
+            self._gated[slot] = (max(0, gated[0] - 1), gated[1], gated[2], gated[3])
+
+    def reached(self, slot: str) -> float | None:
+        """A request of the slot reached the downloader: counted while held; the hold's mark, for ``left``."""
+        gated = self._gated.get(slot)
+        if gated is None:
+            return None
+        self._gated[slot] = (gated[0], gated[1], gated[2] + 1, gated[3])
+        return gated[1]
 
     def claims(self) -> list[tuple[str, int]]:
         """(slot, how many) for each held slot with no send left: ask the fleet again."""
@@ -120,7 +131,7 @@ class FirstContact:
         """
         gated = self._gated.get(slot)
         if gated is not None and not paced and gated[2] > 1 and self.limit > 0:
-            opens = min(gated[3], now + min(max(SETTLE, now - gated[1]), self.wait))
+            opens = min(gated[3], now + max(SETTLE, now - gated[1]), gated[1] + self.wait)
             self._gated[slot] = (gated[0], gated[1], gated[2], opens)
             return False, False
         held = self._gated.pop(slot, None) is not None
@@ -134,11 +145,11 @@ class FirstContact:
         self._hear(slot, now, heard[1])
         return False, held
 
-    def left(self, slot: str, now: float) -> bool:
-        """A send left the downloader, answered or not: True when it was the last one a success
-        waited for, which opens the slot (tell the fleet)."""
+    def left(self, slot: str, mark: float, now: float) -> bool:
+        """A request counted by ``reached`` (its ``mark``) left the downloader, answered or not: True
+        when it was the last one a success waited for, which opens the slot (tell the fleet)."""
         gated = self._gated.get(slot)
-        if gated is None:
+        if gated is None or gated[1] != mark:
             return False
         wire = max(0, gated[2] - 1)
         if wire == 0 and gated[3] < math.inf:

@@ -129,11 +129,15 @@ class FleetRules(FleetFacts):
             self._seen([slot])
         return self.contact.holds(slot, now)
 
-    def left(self, slot: str) -> None:
-        """A request left the downloader, answered or failed: the last first-contact send a success
-        waited for opens the slot, here and in the fleet."""
+    def reached(self, slot: str) -> float | None:
+        """A request reached the downloader: counted if first contact holds its slot (the mark for ``left``)."""
+        return self.contact.reached(slot)
+
+    def left(self, slot: str, mark: float) -> None:
+        """A request ``reached`` counted left the downloader, answered or failed: the last one a
+        success waited for opens the slot, here and in the fleet."""
         now = self.clock()
-        if self.contact.left(slot, now):
+        if self.contact.left(slot, mark, now):
             self._seen([slot])
             self.on_sooner(slot)
             self.on_wake(now)

@@ -27,6 +27,9 @@ __all__ = ["FleetEvents", "FleetHost", "fleet_board"]
 
 logger = logging.getLogger(__name__)
 
+CONTACT_MARK = "_retry_after_contact"
+"""Meta key of a request the downloader took while first contact held its slot: the hold's mark."""
+
 
 class FleetHost(Protocol):
     """What the fleet's events act on: the crawl's extension (extension.py)."""
@@ -67,11 +70,22 @@ def fleet_board(extension: FleetHost, config: Config, clock: Any) -> RedisBoard:
     board.on_sooner = extension.sooner
     board.on_late_lease = lambda slot: stats.inc_value("retry_after/redis/late_sends_skipped")
 
-    def left(request: Request, spider: object = None) -> None:
-        slot = request.meta.get("download_slot")
-        board.left(slot if slot.__class__ is str else extension.slot_of(request))
+    def slot_of(request: Request) -> str:
+        slot = request.meta.get("download_slot")  # written by the downloader before either signal
+        return slot if slot.__class__ is str else extension.slot_of(request)
 
-    # Answered or failed: the last of a first contact's sends opens the host to the fleet.
+    def reached(request: Request, spider: object = None) -> None:
+        mark = board.reached(slot_of(request))
+        if mark is not None:
+            request.meta[CONTACT_MARK] = mark
+
+    def left(request: Request, spider: object = None) -> None:
+        mark = request.meta.pop(CONTACT_MARK, None)
+        if mark.__class__ is float:
+            board.left(slot_of(request), mark)
+
+    # Answered or failed: the last request of a first contact to leave opens the host to the fleet.
+    crawler.signals.connect(reached, signal=signals.request_reached_downloader, weak=False)
     crawler.signals.connect(left, signal=signals.request_left_downloader, weak=False)
     if board.connect():
         logger.info("Sharing cooldowns through the Redis board at %s (keys %s:*)", config.redis.safe_url, config.redis.prefix)
