@@ -290,15 +290,23 @@ class RateController:
         cooldown would cut deeper, and the processes would cut each other
         down to the floor in turn. The fleet's cooldown, often heard just before
         the cut, still holds regrowth back (it climbed through it, resuming a third over the cut).
+        The cut is the plateau to probe above, not a step back from one: the
+        cutter may have resumed just under the refused pace, and an adopter
+        that regrew toward ``rate / beta`` was at 11 requests/s a second after
+        a cooldown at 10, refused again, cut deep. The cutter's regrowth
+        reaches the fleet as its published growth, and the fleet takes its
+        fastest grower's: a cut to about the plateau this process held is
+        probed above as slowly as a pinned pace.
         """
         paused = self.resumed
         base = rate / self.beta
-        steady = self._at_peak(base)
         self.starting = False
         self.passed = 0.0
+        # A cut to about the plateau this process held too: a stray refusal there, probed above slowly.
+        pinned = self._at_peak(base) or abs(rate - self.peak) <= 0.1 * self.peak
         self.rate = max(self.min_rate, rate)
-        self.scale = STEADY_SCALE if steady else PROBE_SCALE
-        self.peak = base * MARGIN
+        self.scale = STEADY_SCALE if pinned else PROBE_SCALE
+        self.peak = self.rate
         self.served, self.last = 0, None
         self._regrow_from(base, now)
         self.resumed = max(self.resumed, paused)

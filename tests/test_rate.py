@@ -291,8 +291,25 @@ def test_a_cut_adopted_from_the_fleet_is_no_throttle_of_this_process():
     pace.paused(1.25, now=0.0)
     pace.adopted(9.8, 1.25 + AGAIN / 2)  # another process cut right after the cooldown
     assert pace.rate == pytest.approx(9.8)  # no deeper cut on top
-    assert pace.peak == pytest.approx(9.8 / 0.7 * MARGIN)
-    assert pace.succeeded(100.0, 1.25 + AGAIN / 2 + pace.window) == pytest.approx(pace.peak)
+    assert pace.succeeded(100.0, 1.25 + AGAIN / 2 + 2.0) == pytest.approx(9.8, abs=0.1)
+
+
+def test_a_cut_adopted_from_the_fleet_is_the_plateau_the_adopter_probes_above():
+    """The cutter resumed just under the pace refused (9.8 of 10.3, at its plateau): an adopter that
+    regrew toward 9.8 / beta was at 11 a second later, and the fleet was refused right after its cooldown."""
+    pace = RateController()
+    pace.adopted(9.8, 0.0)
+    assert pace.succeeded(100.0, 1.0) < 9.8 * 1.01
+    assert pace.succeeded(100.0, 8.0) > 9.8 * 1.3  # alone, it still finds a limit that rose
+
+
+def test_a_cut_adopted_to_the_plateau_held_here_is_probed_above_slowly():
+    """A stray refusal at the fleet's plateau: probed again within seconds, every probe a cooldown."""
+    pace = RateController()
+    pace.adopted(9.5, 0.0)
+    pace.succeeded(100.0, 1.0)
+    pace.adopted(9.4, 2.0)  # the fleet's plateau, refused once elsewhere
+    assert pace.succeeded(100.0, 12.0) < 9.4 * 1.02
 
 
 @pytest.mark.parametrize(

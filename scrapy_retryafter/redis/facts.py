@@ -233,7 +233,7 @@ class FleetFacts(CooldownBoard):
         self.on_sooner(slot)  # the queue held it until the circuit's time: it may send now
 
     def _adopt_rate(self, slot: str, rate: float, now: float, cut: bool, live: bool = False) -> None:
-        """Follow the fleet's pace: a cut restarts the cubic curve here, growth is taken as is.
+        """Follow the fleet's pace: a cut is the plateau here (``adopted``), growth is taken as is.
 
         Every process grows the one fleet rate from its own successes, as one
         crawler would from all of them: a growth elsewhere raises the pace here,
