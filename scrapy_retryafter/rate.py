@@ -284,25 +284,18 @@ class RateController:
         self.last_cut = self.resumed = now
 
     def adopted(self, rate: float, now: float) -> None:
-        """Another process of the fleet cut the shared pace to ``rate``: regrow from it as from a cut here.
+        """Another process of the fleet cut the shared pace to ``rate``: the plateau to probe above.
 
-        Not a throttle of this process: counting it as one right after a
-        cooldown would cut deeper, and the processes would cut each other
-        down to the floor in turn. The fleet's cooldown, often heard just before
-        the cut, still holds regrowth back (it climbed through it, resuming a third over the cut).
-        The cut is the plateau to probe above, not a step back from one: the
-        cutter may have resumed just under the refused pace, and an adopter
-        that regrew toward ``rate / beta`` was at 11 requests/s a second after
-        a cooldown at 10, refused again, cut deep. The cutter's regrowth
-        reaches the fleet as its published growth, and the fleet takes its
-        fastest grower's: a cut to about the plateau this process held is
-        probed above as slowly as a pinned pace.
+        Not a throttle here: counted as one after a cooldown it cut deeper, and the
+        processes cut each other to the floor. Nor a step back from a peak at ``rate /
+        beta``: the cutter may resume just under the refused pace, and regrowing toward
+        that peak, the fleet (which takes its fastest grower's pace) was refused again a
+        second after the cooldown. A cut to about this plateau here was a stray: probed slowly.
         """
         paused = self.resumed
         base = rate / self.beta
         self.starting = False
         self.passed = 0.0
-        # A cut to about the plateau this process held too: a stray refusal there, probed above slowly.
         pinned = self._at_peak(base) or abs(rate - self.peak) <= 0.1 * self.peak
         self.rate = max(self.min_rate, rate)
         self.scale = STEADY_SCALE if pinned else PROBE_SCALE

@@ -44,8 +44,10 @@ async def test_a_6s_gateway_outage_fetches_every_page_at_a_probe_pace(server):
     rate, count = outage_rate(server, host, 6.0)
     print(f"6s 502 outage: {len(ok)}/50 fetched, {count} requests in the outage, {rate:.2f}/s")
     assert len(ok) == 50
-    # The first 8 and a few retries before the pause, then probes (9-12 in CI); stock Scrapy sends ~150.
-    assert rate <= 2.5, (rate, count)
+    # What was in the downloader before the pause, then probes; stock Scrapy sends ~150. Here the
+    # first 8 (7-9 in all); but the engine hands the downloader up to CONCURRENT_REQUESTS (16) before
+    # any answer, all of them sent (16 were seen once in CI, the machine loaded), then two probes at most.
+    assert count <= 16 + 2, (rate, count)
     assert crawler.stats.get_value("retry_after/host_paused", 0) >= 1
 
 
