@@ -286,11 +286,10 @@ class RateController:
     def adopted(self, rate: float, now: float) -> None:
         """Another process of the fleet cut the shared pace to ``rate``: the plateau to probe above.
 
-        Not a throttle here: counted as one after a cooldown it cut deeper, and the
-        processes cut each other to the floor. Nor a step back from a peak at ``rate /
-        beta``: the cutter may resume just under the refused pace, and regrowing toward
-        that peak, the fleet (which takes its fastest grower's pace) was refused again a
-        second after the cooldown. A cut to about this plateau here was a stray: probed slowly.
+        Not a throttle here: counted as one after a cooldown it cut deeper, and the processes cut
+        each other to the floor. Nor a step back from a peak at ``rate / beta``: the cutter may resume
+        just under the refused pace, and regrowing toward that peak, the fleet (which takes its fastest
+        grower's pace) was refused again after the cooldown. A cut to about this plateau was a stray.
         """
         paused = self.resumed
         base = rate / self.beta
@@ -301,7 +300,8 @@ class RateController:
         self.scale = STEADY_SCALE if pinned else PROBE_SCALE
         self.peak = self.rate
         self.served, self.last = 0, None
-        self._regrow_from(base, now)
+        # Refused no lower than before: from rate / beta alone (4.9 of 10) slow start restarted at 7.7.
+        self._regrow_from(max(base, self.refused if self.refused < math.inf else 0.0), now)
         self.resumed = max(self.resumed, paused)
 
     def paused(self, until: float, now: float) -> None:

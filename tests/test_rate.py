@@ -303,6 +303,21 @@ def test_a_cut_adopted_from_the_fleet_is_the_plateau_the_adopter_probes_above():
     assert pace.succeeded(100.0, 8.0) > 9.8 * 1.3  # alone, it still finds a limit that rose
 
 
+def test_a_deep_cut_adopted_restarts_no_slow_start_under_the_pace_refused_before():
+    """Adopting 4.9 after the fleet was refused at 10: from 4.9 / beta alone it took 7 for the pace
+    refused, restarted slow start at 7.7 and doubled into the limit again."""
+    pace = RateController()
+    pace.starting = False
+    pace.rate = 10.0
+    pace.throttled(10.0, 0.0)  # refused at 10 here
+    pace.adopted(4.9, 5.0)
+    now = 5.0
+    while pace.rate < 8.5 and now < 60.0:
+        now += 0.1
+        pace.succeeded(100.0, now)
+    assert not pace.starting
+
+
 def test_a_cut_adopted_to_the_plateau_held_here_is_probed_above_slowly():
     """A stray refusal at the fleet's plateau: probed again within seconds, every probe a cooldown."""
     pace = RateController()
