@@ -75,6 +75,8 @@ def fleet_board(extension: FleetHost, config: Config, clock: Any) -> RedisBoard:
         return slot if slot.__class__ is str else extension.slot_of(request)
 
     def reached(request: Request, spider: object = None) -> None:
+        if not len(board.contact):  # every request passes here: nothing held, nothing to count
+            return
         mark = board.reached(slot_of(request))
         if mark is not None:
             request.meta[CONTACT_MARK] = mark
