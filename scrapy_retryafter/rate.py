@@ -68,10 +68,8 @@ longer stretch ran near the rate and let tokens go to waste, so what it served s
 
 
 def doubling_step(rate: float) -> float:
-    """Slow start's growth per success at ``rate``: doubling every DOUBLING
-    seconds of sending, at most x2 per success. Below 1/DOUBLING requests/s
-    it is x2 (no power is taken: 2 ** (1 / rate) overflows for a quota of a
-    few a day)."""
+    """Slow start's growth per success at ``rate``: doubling every DOUBLING seconds of sending, at most
+    x2 per success (no power is taken: 2 ** (1 / rate) overflows for a quota of a few a day)."""
     seconds = rate * DOUBLING
     return 2.0 if seconds <= 1.0 else 2.0 ** (1.0 / seconds)
 
@@ -140,11 +138,9 @@ class Meter:
     def current(self, now: float) -> float:
         """The rate including the bucket in progress (so a burst counts at once).
 
-        Never zero or near zero once successes were seen: those of the
-        bucket in progress count over their span, taken as at least a bucket
-        (a first 429 within 50 ms of the first successes used to read 0 and
-        start the pace at the floor, 1 request/s, instead of what the host
-        had just served).
+        Never zero or near zero once successes were seen: those of the bucket in progress count
+        over their span, at least a bucket (a first 429 within 50 ms of the first successes read 0
+        and started the pace at the floor, 1 request/s, instead of what the host had just served).
         """
         return max(self.rate, self.count / max(now - self.bucket, BUCKET))
 
@@ -266,12 +262,13 @@ class RateController:
         self._regrow_from(base, now)
         return self.rate
 
-    def ran_ahead(self, sent: float) -> None:
-        """Slow start's pace ran ahead of the ``sent`` rate (a fleet's grants, booked ahead, lag its
-        steps): that rate is what was refused and the last let through, not the pace (before ``throttled``)."""
-        if self.starting and self.rate > sent > 0.0:
+    def ran_ahead(self, sent: float, passed: float = 0.0) -> None:
+        """Slow start's pace ran ahead of the ``sent`` rate (a fleet's grants, booked ahead, lag its steps): that
+        rate is what was refused, ``passed`` (if known) the last let through, not the paces (before ``throttled``)."""
+        if self.starting and self.rate >= sent > 0.0:
             self.rate = max(self.min_rate, sent)
-            self.passed = min(self.passed, self.rate)
+            # Its own steps ran ahead too: only the fleet's sends say what was let through.
+            self.passed = passed if 0.0 < passed < self.rate else 0.0
 
     def _at_peak(self, refused: float) -> bool:
         """A pace refused about where the last one was: the limit is pinned down."""
@@ -283,22 +280,20 @@ class RateController:
         self.window = (max(self.peak - self.rate, 0.0) / SCALE) ** (1 / 3)
         self.last_cut = self.resumed = now
 
-    def adopted(self, rate: float, now: float) -> None:
-        """Another process of the fleet cut the shared pace to ``rate``: the plateau to probe above.
-
-        Not a throttle here: counted as one after a cooldown it cut deeper, and the processes cut
-        each other to the floor. Nor a step back from a peak at ``rate / beta``: the cutter may resume
-        just under the refused pace, and regrowing toward that peak, the fleet (which takes its fastest
-        grower's pace) was refused again after the cooldown. A cut to about this plateau was a stray.
-        """
+    def adopted(self, rate: float, now: float, plateau: tuple[float, bool] | None = None) -> None:
+        """Another process cut the fleet's pace to ``rate`` (no throttle here: counted as one, the processes cut
+        each other to the floor). With the cutter's ``plateau`` (peak, pinned?) it regrows as the cutter does,
+        else the next refusal here (they take turns) was never "at the peak" and probed fast. Without, the cut
+        is the plateau: regrowing toward ``rate / beta``, the fleet was refused again after the cooldown."""
         paused = self.resumed
         base = rate / self.beta
         self.starting = False
         self.passed = 0.0
-        pinned = self._at_peak(base) or abs(rate - self.peak) <= 0.1 * self.peak
+        pinned = plateau[1] if plateau else self._at_peak(base) or abs(rate - self.peak) <= 0.1 * self.peak
         self.rate = max(self.min_rate, rate)
+        # Bounded: a cut by beta regrows to at most just under the pace it cut, rate / beta.
+        self.peak = max(self.rate, min(plateau[0], base * MARGIN)) if plateau else self.rate
         self.scale = STEADY_SCALE if pinned else PROBE_SCALE
-        self.peak = self.rate
         self.served, self.last = 0, None
         # Refused no lower than before: from rate / beta alone (4.9 of 10) slow start restarted at 7.7.
         self._regrow_from(max(base, self.refused if self.refused < math.inf else 0.0), now)

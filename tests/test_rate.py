@@ -646,9 +646,9 @@ def test_slow_start_s_pace_that_ran_ahead_of_what_was_sent_is_cut_from_what_was_
     ahead = RateController()
     ahead.rate, ahead.passed = 16.0, 8.0
     ahead.ran_ahead(9.0)
-    assert (ahead.rate, ahead.passed) == (9.0, 8.0)
+    assert (ahead.rate, ahead.passed) == (9.0, 0.0)  # its own step to 8 ran ahead too
     ahead.throttled(9.0, 0.0)
-    assert ahead.rate <= 9.0 and ahead.scale == STEADY_SCALE  # the limit lies between 8 and 9
+    assert ahead.rate == pytest.approx(9.0 * 0.7) and ahead.scale == PROBE_SCALE  # not pinned on a guess
     told = RateController()
     told.rate, told.passed = 16.0, 8.0
     told.throttled(9.0, 0.0)
@@ -658,3 +658,46 @@ def test_slow_start_s_pace_that_ran_ahead_of_what_was_sent_is_cut_from_what_was_
         pace.rate, pace.passed, pace.starting = 16.0, 8.0, starting
         pace.ran_ahead(sent)
         assert (pace.rate, pace.passed) == (16.0, 8.0)
+
+
+def test_a_cut_adopted_with_the_cutter_s_plateau_regrows_to_it_and_a_refusal_there_is_at_the_peak():
+    """Adopted as a plateau (7), the next refusal here, near 10 (the processes take turns), was no
+    refusal "at the peak": it probed fast, and the fleet paid a cooldown every 15 s."""
+    paces = {}
+    for told in (True, False):
+        pace = RateController()
+        pace.restored(9.5, 0.0)
+        pace.adopted(7.0, 1.0, (9.5, True) if told else None)
+        now = 1.0
+        while now < 10.0:
+            now += 0.1
+            pace.succeeded(100.0, now)
+        paces[told] = pace
+    told = paces[True]
+    assert told.scale == STEADY_SCALE and 9.4 < told.rate < 9.5 * 1.02  # back at the plateau, probing slowly
+    told.throttled(100.0, 10.0)
+    assert told.scale == STEADY_SCALE  # at the peak
+    assert paces[False].rate < 7.0 * 1.05  # untold: the cut is the plateau
+
+
+@pytest.mark.parametrize(("plateau", "peak"), [((1e9, False), 7.0 / 0.7 * MARGIN), ((0.5, True), 7.0)])
+def test_an_adopted_plateau_lies_between_the_cut_and_just_under_the_pace_it_cut_from(plateau, peak):
+    pace = RateController()
+    pace.adopted(7.0, 0.0, plateau)
+    assert pace.rate == 7.0 and pace.peak == pytest.approx(peak)
+    assert pace.scale == (STEADY_SCALE if plateau[1] else PROBE_SCALE)
+
+
+def test_slow_start_that_ran_ahead_resumes_over_the_pace_the_fleet_let_through():
+    pace = RateController()
+    pace.rate, pace.passed = 24.0, 12.0
+    pace.ran_ahead(12.0, 9.0)  # refused at 12, the grant before went at 9
+    assert (pace.rate, pace.passed) == (12.0, 9.0)
+    pace.throttled(12.0, 0.0)
+    assert pace.rate == pytest.approx(8.4) and pace.peak == pytest.approx(9.0 * MARGIN)
+    unknown = RateController()
+    unknown.rate, unknown.passed = 24.0, 12.0
+    unknown.ran_ahead(9.0)  # its own step before ran ahead too
+    assert unknown.passed == 0.0
+    unknown.throttled(9.0, 0.0)
+    assert unknown.rate == pytest.approx(6.3) and unknown.scale == PROBE_SCALE  # not pinned on a guess

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from scrapy_retryafter.breaker import CLOSED, OPEN
 from scrapy_retryafter.policy import SlotPolicy
-from scrapy_retryafter.rate import MARGIN
+from scrapy_retryafter.rate import MARGIN, RateController
 from scrapy_retryafter.redis.board import RedisBoard
 from scrapy_retryafter.redis.contact import CONTACT_WAIT, HEARD_FOR, SETTLE, FirstContact
 from scrapy_retryafter.redis.exchange import Answer, Job, Reply, read_reply
@@ -435,7 +435,10 @@ def test_a_throttle_cuts_from_the_pace_the_fleet_sent_at(fleet, clock):
     paced_past_the_fleet(board, exchange, own=50.0, fleet=10.0)
     rate = board.throttled(SLOT, clock.now)
     assert rate is not None and rate <= 10.0
-    assert exchange.jobs[-1].writes[("rate", SLOT)] == f"{rate!r}:cut"  # sent at once: the fleet's cut
+    pace = board._slots[SLOT].pace
+    assert pace is not None
+    # Sent at once: the fleet's cut, and the plateau this process regrows to.
+    assert exchange.jobs[-1].writes[("rate", SLOT)] == f"{rate!r}:cut@{pace.peak!r}"
 
 
 def test_grants_inside_a_cooldown_are_dropped(fleet, clock):
@@ -511,6 +514,8 @@ def raw(**parts: Any) -> list[Any]:
     ("value", "kept"),
     [
         (b"2.5:cut proc", True),
+        (b"2.5:pin@3.25 proc", True),
+        (b"2.5:grow@ proc", False),
         (b"0:cut proc", False),  # a rate of 0: no arrivals ever, and a division by zero downstream
         (b"garbage:cut proc", False),
         (b"nan:cut proc", False),
@@ -529,6 +534,22 @@ def test_a_rate_must_be_positive_finite_and_well_formed(value, kept):
     assert [slot for slot, *_ in reply.rates] == (["s"] if kept else [])
     assert reply.invalid == (0 if kept or value == b"" else 1)
     assert reply.rates_cursor == (999.5, "s")  # garbage is stepped over, not read again
+
+
+def test_a_cut_s_plateau_is_read_with_it_and_a_growth_has_none():
+    reply = read_reply(raw(rates=[b"a", b"2.5:pin@3.25 proc", b"999.1", b"b", b"2.5:cut@3 proc", b"999.2",
+                                  b"c", b"2.5:cut proc", b"999.3", b"d", b"2.5:grow@3 proc", b"999.4"]), horizon=0.3)
+    assert [(slot, cut) for slot, _, cut, _ in reply.rates] == [("a", True), ("b", True), ("c", True), ("d", False)]
+    assert reply.plateaus == {"a": (3.25, True), "b": (3.0, False)}  # a growth's plateau says nothing
+    assert reply.invalid == 0
+
+
+@pytest.mark.parametrize("plateau", [b"1e400", b"0", b"1e-300", b"2.4"])
+def test_a_cut_with_a_bad_plateau_stands_without_it_and_the_plateau_is_counted(plateau):
+    """Under the cut it is no plateau (0 held the fleet at the cut, probing slowly); over MAX_RATE, garbage."""
+    reply = read_reply(raw(rates=[b"s", b"2.5:pin@" + plateau + b" proc", b"999.5"]), horizon=0.3)
+    assert [(slot, rate, cut) for slot, rate, cut, _ in reply.rates] == [("s", 2.5, True)]
+    assert reply.plateaus == {} and reply.invalid == 1
 
 
 def test_cooldowns_circuits_and_grants_read_from_redis_are_bounded():
@@ -764,7 +785,7 @@ def test_a_first_contact_throttled_tells_the_fleet_of_the_host_its_cut_and_its_c
     board.throttle(SLOT, clock.now, 2.5, learn=True, wake_jitter=0.0, circuit_threshold=25, circuit_open_seconds=600.0)
     assert len(exchange.jobs) == before + 1  # one exchange; the second 429 of the burst tells nothing new
     writes = exchange.jobs[-1].writes
-    assert writes[("seen", SLOT)] == "1" and ("cool", SLOT) in writes and writes[("rate", SLOT)].endswith(":cut")
+    assert writes[("seen", SLOT)] == "1" and ("cool", SLOT) in writes and ":cut@" in writes[("rate", SLOT)]
 
 
 def _send(board: RedisBoard) -> float:
@@ -927,14 +948,19 @@ def test_the_rate_sent_at_is_the_usual_interval_between_sends_and_a_pause_is_no_
     assert leases.sending(SLOT) is None
 
 
-def test_a_fleet_s_slow_start_that_ran_ahead_of_its_grants_is_cut_from_what_the_fleet_sent(fleet, clock):
-    """Grants are booked ahead at the pace they were claimed at: slow start's pace doubled to 16
-    while the fleet's two processes sent 4.5 each. The cut is from 9, not from 16 (11.2, over the limit)."""
-    board, exchange, _ = fleet
+def in_slow_start(board: RedisBoard, exchange: FakeExchange, clock: Clock) -> RateController:
     board.throttled(SLOT, clock.now)  # slow start begins on the first burst's cut
     exchange_once(board, exchange)
     pace = board._slots[SLOT].pace
     assert pace is not None and pace.starting
+    return pace
+
+
+def test_a_fleet_s_slow_start_that_ran_ahead_of_its_grants_is_cut_from_what_the_fleet_sent(fleet, clock):
+    """Grants are booked ahead at the pace they were claimed at: slow start's pace doubled to 16
+    while the fleet's two processes sent 4.5 each. The cut is from 9, not from 16 (11.2, over the limit)."""
+    board, exchange, _ = fleet
+    pace = in_slow_start(board, exchange, clock)
     pace.rate, pace.passed = 16.0, 8.0
     exchange_once(board, exchange, reply_of(counts={SLOT: 2}, paces={SLOT: 16.0}))
     for _ in range(20):
@@ -942,3 +968,42 @@ def test_a_fleet_s_slow_start_that_ran_ahead_of_its_grants_is_cut_from_what_the_
         board.released(SLOT)
     rate = board.throttled(SLOT, clock.now)
     assert rate is not None and rate <= 9.0
+
+
+def test_a_send_went_at_the_pace_of_its_claim_and_a_claim_s_first_at_the_pace_of_the_claim_before():
+    leases = Leases(refresh=0.1)
+    leases.add(SLOT, [0.0, 0.1, 0.2], not_before=-1.0, rate=10.0)
+    for t in (0.0, 0.1, 0.2):
+        leases.used(SLOT, t)
+    leases.add(SLOT, [0.25, 0.3], not_before=-1.0, rate=20.0)
+    assert leases.spaced(SLOT, 0.2) == (10.0, 0.0)
+    leases.used(SLOT, 0.25)
+    assert leases.spaced(SLOT, 0.25) == (10.0, 0.0)  # 0.05 after the fleet's last time at 10/s
+    leases.used(SLOT, 0.3)
+    assert leases.spaced(SLOT, 0.3) == (20.0, 10.0)  # refused at 20, the one before let through at 10
+    assert leases.spaced(SLOT, 0.3 + 5.0) is None  # a send long after the last grant used none
+    leases.add(SLOT, [0.4], not_before=-1.0)  # a reply that told no pace
+    leases.used(SLOT, 0.4)
+    leases.used(SLOT, 0.45)  # no grant left: sent on no grant, the last one used stays the one at 0.4
+    assert leases.spaced(SLOT, 0.4) == (20.0, 10.0)
+    leases.forget(SLOT)
+    assert leases.spaced(SLOT, 0.4) is None
+
+
+def test_a_fleet_s_slow_start_is_cut_from_the_pace_of_the_refused_send_s_grant(fleet, clock):
+    """The processes' send rate lags a ramp of grants: cut from it (6 of 12), the fleet resumed at half its
+    limit, regrew slowly, restarted slow start past it and was refused again every 15 s."""
+    board, exchange, _ = fleet
+    pace = in_slow_start(board, exchange, clock)
+    pace.rate, pace.passed = 24.0, 12.0
+    for rate, count in ((4.0, 6), (9.0, 3), (12.0, 3)):
+        exchange_once(board, exchange, reply_of(counts={SLOT: 1}, paces={SLOT: rate},
+                                                grants={SLOT: [k / rate for k in range(count)]}))
+        for _ in range(count):
+            board.released(SLOT)
+            clock.now += 1 / rate
+    clock.now -= 1 / 12.0
+    assert (board.leases.sending(SLOT) or 0.0) < 9.0  # the send rate lags
+    rate = board.throttled(SLOT, clock.now)
+    assert rate == pytest.approx(12.0 * 0.7)
+    assert pace.peak == pytest.approx(max(12.0 * 0.7, 9.0 * MARGIN))

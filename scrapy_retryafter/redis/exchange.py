@@ -1,18 +1,16 @@
 """The wire between one crawler process and the fleet's Redis: one Lua round trip per refresh.
 
-This module knows Redis and threads, and no fleet rule: it sends what the
-board gives it (the process's events, its claims for paced sends, the slots
-it sends to), brings back what changed in the fleet since the last exchange,
-and checks every value of it before the board sees it. All Redis I/O runs on
-one worker thread, so a dead Redis costs a timeout there, never a frozen
-crawl; the outage schedule says when to try again.
+This module knows Redis and threads, and no fleet rule: it sends what the board
+gives it (the process's events, its claims for paced sends, the slots it sends
+to), brings back what changed in the fleet since the last exchange, and checks
+every value of it before the board sees it. All Redis I/O runs on one worker
+thread, so a dead Redis costs a timeout there, never a frozen crawl.
 
-Reads are incremental: cooldowns and circuits through an index of changes
-by server time, rates through an index by update time (which also expires
-them after the remembered-limits age), each read in pages from a cursor. A
-process that starts, or comes back after an outage, first reads every live
-cooldown and circuit once. An exchange costs what changed, not what Redis
-holds.
+Reads are incremental: cooldowns and circuits through an index of changes by
+server time, rates through an index by update time (which also expires them
+after the remembered-limits age), each read in pages from a cursor. A process
+that starts, or comes back after an outage, first reads every live cooldown
+and circuit once. An exchange costs what changed, not what Redis holds.
 """
 
 from __future__ import annotations
@@ -71,6 +69,7 @@ def redis_client(config: RedisConfig) -> Any:
 
 
 Writes = dict[tuple[str, str], str]
+Rate = tuple[str, float, bool, str]
 
 
 @dataclass
@@ -98,9 +97,9 @@ class Reply:
     """Seconds left of a cooldown, per slot that changed (0.0: none)."""
     circuits: dict[str, float | None]
     """Seconds left of an open circuit (<= 0: expired), None: closed, per slot that changed."""
-    rates: list[tuple[str, float, bool, str]]
+    rates: list[Rate]
     """(slot, rate, a cut?, who wrote it), oldest first: every rate that changed."""
-    asked: list[tuple[str, float, bool, str]]
+    asked: list[Rate]
     """The same, for the slots asked about."""
     counts: dict[str, int]
     grants: dict[str, list[float]]
@@ -117,6 +116,8 @@ class Reply:
     """First-contact sends granted per slot asked; -1: the fleet has heard from the host."""
     paces: dict[str, float] = field(default_factory=dict)
     """The pace (requests/s) the fleet granted each claimed slot's times at: the slowest its senders claim."""
+    plateaus: dict[str, tuple[float, bool]] = field(default_factory=dict)
+    """Per slot of a cut in ``rates`` or ``asked``: the plateau its cutter regrows to, and whether it is pinned down."""
 
 
 @dataclass
@@ -131,7 +132,7 @@ class Answer:
     """This reply ended an outage of that many seconds."""
 
 
-_RATE = re.compile(r"^([0-9][0-9.eE+-]{0,30}):(cut|grow) (\S{1,200})$")
+_RATE = re.compile(r"^([0-9][0-9.eE+-]{0,30}):(cut|pin|grow)(?:@([0-9][0-9.eE+-]{0,30}))? (\S{1,200})$")
 
 
 def _text(item: Any) -> str:
@@ -175,10 +176,11 @@ def read_reply(raw: Any, horizon: float) -> Reply:
             circuits[slot] = opened - now if opened is not None else None
         elif slot not in circuits:
             circuits[slot] = None
-    read_rates, cursor, garbage = _rates(rates)
+    plateaus: dict[str, tuple[float, bool]] = {}
+    read_rates, cursor, garbage = _rates(rates, plateaus)
     if cursor is None:
         cursor = (float(_text(since[0])), _text(since[1]))
-    read_asked, _, asked_garbage = _rates(asked)
+    read_asked, _, asked_garbage = _rates(asked, plateaus)
     invalid += garbage + asked_garbage
     texts = [_text(item) for item in counts]
     read_counts = {slot: max(1, min(10_000, int(count))) for slot, count in zip(texts[::2], texts[1::2])}
@@ -190,13 +192,12 @@ def read_reply(raw: Any, horizon: float) -> Reply:
         grants[slot] = [offset for offset in offsets if offset is not None]
         invalid += offsets.count(None)
         fleet_pace = _seconds(pace, 0.0, MAX_RATE) if pace else None
-        if fleet_pace is not None and fleet_pace > 0.0:
+        if fleet_pace:
             paces[slot] = fleet_pace
-        elif pace:
-            invalid += 1
+        invalid += bool(pace) and not fleet_pace
     return Reply(cooldowns, circuits, read_rates, read_asked, read_counts, grants, bool(int(snapshot)),
                  bool(int(more)), invalid, cursor, now, [_text(slot) for slot in probes],
-                 {slot: max(-1, min(10_000, int(count))) for slot, count in _pairs(first)}, paces)
+                 {slot: max(-1, min(10_000, int(count))) for slot, count in _pairs(first)}, paces, plateaus)
 
 
 def _pairs(flat: list[Any]) -> list[tuple[str, str]]:
@@ -204,9 +205,10 @@ def _pairs(flat: list[Any]) -> list[tuple[str, str]]:
     return list(zip(texts[::2], texts[1::2]))
 
 
-def _rates(flat: list[Any]) -> tuple[list[tuple[str, float, bool, str]], tuple[float, str] | None, int]:
-    """(slot, rate, cut?, who) of each well-formed entry; the cursor past the last; how many were garbage."""
-    read: list[tuple[str, float, bool, str]] = []
+def _rates(flat: list[Any], plateaus: dict[str, tuple[float, bool]]) -> tuple[list[Rate], tuple[float, str] | None, int]:
+    """(slot, rate, cut?, who) of each well-formed entry; the cursor past the last; how many were garbage. A
+    value is ``rate:cut@plateau`` (``pin``: pinned down) or ``rate:grow``, then who; plateaus go in ``plateaus``."""
+    read: list[Rate] = []
     texts = [_text(item) for item in flat]
     cursor: tuple[float, str] | None = None
     garbage = 0
@@ -216,10 +218,14 @@ def _rates(flat: list[Any]) -> tuple[list[tuple[str, float, bool, str]], tuple[f
             continue  # deleted meanwhile
         match = _RATE.match(value)
         rate = _seconds(match.group(1), 0.0, MAX_RATE) if match else None
+        plateau = _seconds(match.group(3), 0.0, MAX_RATE) if match and match.group(3) else None
         if match is None or rate is None or rate <= 0.0:
             garbage += 1
             continue
-        read.append((slot, rate, match.group(2) == "cut", match.group(3)))
+        garbage += bool(match.group(3)) and not (plateau or 0.0) >= rate  # the cut stands, its plateau not
+        if match.group(2) != "grow" and plateau is not None and plateau >= rate:
+            plateaus[slot] = (plateau, match.group(2) == "pin")
+        read.append((slot, rate, match.group(2) != "grow", match.group(4)))
     return read, cursor, garbage
 
 

@@ -151,13 +151,13 @@ class FleetFacts(CooldownBoard):
                 self._remote_close(slot, sent)
         for slot, rate, cut, who in reply.rates:
             if who != self.process_id and slot in self._slots:
-                self._adopt_rate(slot, rate, now, cut, live=True)
+                self._adopt_rate(slot, rate, now, cut, live=True, plateau=reply.plateaus.get(slot))
             elif who != self.process_id:
                 self.contact.paced_elsewhere(slot)
         for slot, rate, cut, _who in reply.asked:
             state = self._slots.get(slot)
             if state is None or state.pace is None:
-                self._adopt_rate(slot, rate, now, cut)
+                self._adopt_rate(slot, rate, now, cut, plateau=reply.plateaus.get(slot))
         for slot, count in reply.counts.items():
             if slot in self._active:
                 self._shares[slot] = count
@@ -166,13 +166,13 @@ class FleetFacts(CooldownBoard):
                 self.leases.paced(slot, pace)
         replied = self.server_clock.local(reply.server_now, sent, got)
         for slot, offsets in reply.grants.items():
-            self._granted(slot, [replied + offset for offset in offsets])
+            self._granted(slot, [replied + offset for offset in offsets], reply.paces.get(slot, 0.0))
 
-    def _granted(self, slot: str, times: list[float]) -> None:
+    def _granted(self, slot: str, times: list[float], rate: float = 0.0) -> None:
         state = self._slots.get(slot)
         if state is None or state.pace is None or not times:
             return
-        first = self.leases.add(slot, times, state.cooldown_until)
+        first = self.leases.add(slot, times, state.cooldown_until, rate)
         if first is not None:
             sooner = first < state.next_paced
             state.next_paced = first
@@ -232,16 +232,16 @@ class FleetFacts(CooldownBoard):
         self.on_remote_circuit(slot, False)
         self.on_sooner(slot)  # the queue held it until the circuit's time: it may send now
 
-    def _adopt_rate(self, slot: str, rate: float, now: float, cut: bool, live: bool = False) -> None:
-        """Follow the fleet's pace: a cut is the plateau here (``adopted``), growth is taken as is.
+    def _adopt_rate(self, slot: str, rate: float, now: float, cut: bool, live: bool = False,
+                    plateau: tuple[float, bool] | None = None) -> None:
+        """Follow the fleet's pace: a cut is adopted with its cutter's ``plateau``, growth is taken as is.
 
-        Every process grows the one fleet rate from its own successes, as one
-        crawler would from all of them: a growth elsewhere raises the pace here,
-        and it stays at least that high until the next cut (its own curve,
-        fed by a share of the successes, lags the fleet's). A growth read while the slot cools was
-        sent before its writer heard of the cut (a throttle cools the fleet at
-        once): taken, it would undo the cut, and the fleet's next send would
-        be refused again right after the cooldown.
+        Every process grows the one fleet rate from its own successes, as one crawler would from
+        all of them: a growth elsewhere raises the pace here, and it stays at least that high
+        until the next cut (its own curve, fed by a share of the successes, lags the fleet's). A
+        growth read while the slot cools was sent before its writer heard of the cut (a throttle
+        cools the fleet at once): taken, it would undo the cut, and the fleet's next send would be
+        refused again right after the cooldown.
         """
         state = self._state(slot)
         if not cut and state.pace is not None and state.cooldown_until > now:
@@ -260,7 +260,7 @@ class FleetFacts(CooldownBoard):
         # cuts are two first guesses, not a pace slow start reached, so slow start goes on here.
         same_start = live and not fresh and pace.starting and now - pace.last_cut < FIRST_BURST
         if cut and not (fresh and live) and not same_start:
-            pace.adopted(rate, now)
+            pace.adopted(rate, now, plateau)
         elif cut and same_start:
             pace.rate = max(pace.min_rate, min(rate, pace.rate))
         else:

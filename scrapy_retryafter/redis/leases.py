@@ -30,6 +30,8 @@ SENT_WEIGHT = 0.3
 """Weight of each interval between two sends in the usual one (an EWMA)."""
 LATE_WEIGHT = 0.2
 """Weight of each due time's lateness in the process's usual lateness (an EWMA)."""
+SPENT = 8
+"""Sends per slot whose granted spacing is kept, to tell the pace a throttled one was sent at."""
 
 
 class Leases:
@@ -37,7 +39,10 @@ class Leases:
 
     def __init__(self, refresh: float) -> None:
         self.refresh = refresh
-        self._granted: dict[str, collections.deque[float]] = {}
+        self._granted: dict[str, collections.deque[tuple[float, float, bool]]] = {}
+        """Granted send times, each with the fleet pace of its claim (0.0: not told) and whether it is the claim's first."""
+        self._spent: dict[str, collections.deque[tuple[float, float, bool]]] = {}
+        """The same, for the granted times this process last used, each at when it was used."""
         self._want: dict[str, tuple[int, float]] = {}
         self._pace: dict[str, float] = {}
         """The pace the fleet last granted each slot's times at (its senders' slowest)."""
@@ -58,7 +63,7 @@ class Leases:
 
     def next(self, slot: str) -> float | None:
         granted = self._granted.get(slot)
-        return granted[0] if granted else None
+        return granted[0][0] if granted else None
 
     def pace(self, slot: str) -> float | None:
         """The fleet's pace for the slot, as of the last grant; None if none came."""
@@ -68,7 +73,7 @@ class Leases:
         self._pace[slot] = rate
 
     def times(self, slot: str) -> list[float]:
-        return list(self._granted.get(slot, ()))
+        return [t for t, _, _ in self._granted.get(slot, ())]
 
     def want(self, slot: str, held: int, now: float) -> None:
         """``held`` requests wait for the slot: book send times for them."""
@@ -94,21 +99,21 @@ class Leases:
                 claims.append((slot, want, rate))
         return claims
 
-    def add(self, slot: str, times: list[float], not_before: float) -> float | None:
-        """Keep the granted ``times`` not inside the slot's cooldown; the slot's next one."""
+    def add(self, slot: str, times: list[float], not_before: float, rate: float = 0.0) -> float | None:
+        """Keep the granted ``times`` (spaced at the fleet's ``rate``) not inside the slot's cooldown; the slot's next one."""
         granted = self._granted.setdefault(slot, collections.deque())
         # A claim that crossed this process's own throttle on the way may fall inside the cooldown;
         # the grant at the cooldown's end may read a little before it (Redis time to local time).
-        granted.extend(max(t, not_before) for t in times if t >= not_before - SAME)
+        granted.extend((max(t, not_before), rate, k == 0) for k, t in enumerate(times) if t >= not_before - SAME)
         if not granted:
             del self._granted[slot]
             return None
-        return granted[0]
+        return granted[0][0]
 
     def drop_before(self, slot: str, when: float) -> float | None:
         """A cooldown until ``when`` overtook the times before it; the slot's next one."""
         granted = self._granted.get(slot)
-        while granted and granted[0] < when:
+        while granted and granted[0][0] < when:
             granted.popleft()
         return self.next(slot)
 
@@ -120,7 +125,31 @@ class Leases:
         if gap <= SENDING_GAP:
             interval = gap if not interval else interval + SENT_WEIGHT * (gap - interval)
         self._sent[slot] = (now, interval)
-        return self.drop_before(slot, now + USED)
+        granted = self._granted.get(slot)
+        spent = None
+        while granted and granted[0][0] < now + USED:
+            spent = granted.popleft()
+        # A send on no grant is kept too, so that a throttle of it is blamed on no grant's pace.
+        entry = (now, spent[1], spent[2]) if spent is not None else (now, 0.0, False)
+        self._spent.setdefault(slot, collections.deque(maxlen=SPENT)).append(entry)
+        return self.next(slot)
+
+    def spaced(self, slot: str, sent_at: float) -> tuple[float, float] | None:
+        """The fleet pace the send at ``sent_at`` went at (what a throttle refused), and the last slower one
+        of the sends before it (else 0.0: what the limiter let through); None when that send used no grant.
+
+        A claim's first time follows the fleet's last one at the pace of the claim before (taken
+        as this process's claim before): the times of one claim are spaced at its pace.
+        """
+        spent = [entry for entry in self._spent.get(slot, ()) if entry[0] <= sent_at + USED]
+        if not spent or sent_at - spent[-1][0] > SENDING_GAP:
+            return None
+        paces = [rate if not first or k == 0 else spent[k - 1][1] for k, (_, rate, first) in enumerate(spent)]
+        refused = paces[-1]
+        if not 0.0 < refused < math.inf:
+            return None
+        passed = next((pace for pace in reversed(paces[:-1]) if 0.0 < pace < refused), 0.0)
+        return refused, passed
 
     def skip_late(self, slot: str, now: float, margin: float, interval: float) -> bool:
         """Drop the due times this process is too late for; True if it was.
@@ -135,14 +164,14 @@ class Leases:
         slot skipped twice in a row: the next due time is sent however late.
         """
         granted = self._granted.get(slot)
-        if not granted or granted[0] >= now:
+        if not granted or granted[0][0] >= now:
             return False
-        late = now - granted[0]
+        late = now - granted[0][0]
         usual = self.usual_late
         self.usual_late += LATE_WEIGHT * (min(late, interval) - usual)
         if slot in self._skipped or late <= usual + margin:
             return False
-        while granted and granted[0] < now - usual - margin:
+        while granted and granted[0][0] < now - usual - margin:
             granted.popleft()
         self._skipped.add(slot)
         return True
@@ -154,6 +183,7 @@ class Leases:
 
     def forget(self, slot: str) -> None:
         self._sent.pop(slot, None)
+        self._spent.pop(slot, None)
         self._skipped.discard(slot)
         self._granted.pop(slot, None)
         self._want.pop(slot, None)
@@ -162,6 +192,7 @@ class Leases:
     def drop(self, slot: str) -> None:
         """Redis is lost: the slot is paced on this process's share alone."""
         self._sent.pop(slot, None)
+        self._spent.pop(slot, None)
         self._skipped.discard(slot)
         self._granted.pop(slot, None)
         self._pace.pop(slot, None)

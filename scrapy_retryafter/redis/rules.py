@@ -22,8 +22,9 @@ from typing import Any
 
 from ..board import SlotState, Throttle
 from ..breaker import HALF_OPEN
-from ..rate import MARGIN
+from ..rate import MARGIN, STEADY_SCALE
 from .facts import MET_MEMORY, FleetFacts
+from .script import MAX_RATE
 
 __all__ = ["FleetRules"]
 
@@ -242,21 +243,21 @@ class FleetRules(FleetFacts):
         self._heard_from(slot, throttle=True)
         state = self._slots.get(slot)
         fleet = self.leases.pace(slot)
-        if state is not None and state.pace is not None and fleet is not None and not self.lost:
-            # The pace refused is the one the fleet sent at (its senders' slowest), not this
-            # process's own, which may have grown past it: the cut is from what was too fast.
-            state.pace.rate = min(state.pace.rate, fleet)
-            sending = self.leases.sending(slot)
-            if sending is not None:
-                # Grants are booked ahead at the pace they were claimed at: slow start's steps
-                # outrun them, and the fleet sent at about its processes' rate, not its pace.
-                state.pace.ran_ahead(sending * self.share(slot))
+        pace = state.pace if state is not None else None
+        # A throttle the cut already answered (sent before it, or during its cooldown) changes nothing.
+        if state and pace and fleet and not self.lost and sent_at >= pace.last_cut and self.clock() >= state.cooldown_until:
+            # What was refused is the fleet's pace (its senders' slowest), not this process's own; slow start
+            pace.rate = min(pace.rate, fleet)  # outruns the grants: the refused one's tells (the send rate lags).
+            sending = (self.leases.sending(slot) or 0.0) * self.share(slot)
+            pace.ran_ahead(*(self.leases.spaced(slot, sent_at) or (sending, 0.0)))
         rate = super().throttled(slot, sent_at, beta)
         self._grown.pop(slot, None)
         if rate is not None:
             self._active[slot] = self.clock()
             self._published[slot] = rate
-            self._write("rate", slot, f"{rate!r}:cut")
+            pace = self._slots[slot].pace  # the plateau goes too: the fleet regrows as this process does
+            self._write("rate", slot, f"{rate!r}:{'pin' if pace and pace.scale == STEADY_SCALE else 'cut'}@"
+                                      f"{min(pace.peak if pace else rate, MAX_RATE)!r}")
             self._news()
         return rate
 
