@@ -257,7 +257,7 @@ class FleetRules(FleetFacts):
             self._published[slot] = rate
             pace = self._slots[slot].pace  # the plateau goes too: the fleet regrows as this process does
             self._write("rate", slot, f"{rate!r}:{'pin' if pace and pace.scale == STEADY_SCALE else 'cut'}@"
-                                      f"{min(pace.peak if pace else rate, MAX_RATE)!r}")
+                                      f"{max(rate, min(pace.peak if pace else rate, MAX_RATE))!r}")
             self._news()
         return rate
 
