@@ -66,8 +66,9 @@ class HostConfig:
     """(start, end) seconds after the server started: answer `status` without
     Retry-After to everything in between."""
     windows: list[tuple[float, float]] = field(default_factory=list)
-    """(start, end) seconds after the server started: throttle everything in
-    between, announcing the time left in Retry-After."""
+    """(start, end) seconds after the host's first request: throttle everything in
+    between, announcing the time left in Retry-After (from the first request, not
+    the server's start, so a crawl slow to start on a busy machine meets them too)."""
     gzip: bool = False
     """Send bodies gzip-encoded (Scrapy's HttpCompressionMiddleware then replaces the response)."""
     window: float | None = None
@@ -114,6 +115,7 @@ class Host:
         self.refilled = server.clock()
         self.penalty_until = 0.0
         self.seen = 0
+        self.first_seen: float | None = None
         self.window_start = self.refilled
         self.window_used = 0
         self.attempts: dict[str, int] = {}
@@ -150,9 +152,11 @@ class Host:
             start, end = config.outage
             if start <= now - self.server.started < end:
                 return config.status, None
+        if self.first_seen is None:
+            self.first_seen = now
         for start, end in config.windows:
-            if start <= now - self.server.started < end:
-                return config.status, end - (now - self.server.started)
+            if start <= now - self.first_seen < end:
+                return config.status, end - (now - self.first_seen)
         if now < self.penalty_until:
             if config.extend_on_hit:
                 self.penalty_until = now + config.penalty
