@@ -6,6 +6,7 @@ import pytest
 import pytest_twisted
 from scrapy import Request
 
+from scrapy_retryafter.redis.contact import SETTLE
 from scrapy_retryafter.testing.server import HostConfig
 
 from .conftest import ADDON, crawl
@@ -36,4 +37,6 @@ async def test_first_contact_sends_that_fail_open_the_host_with_its_last_answer(
     assert any(arrival.failure == "reset" for arrival in contact), told
     answered = max(arrival.t + (0.3 if arrival.host == slow.address else 0.0) for arrival in contact)
     gap = after.t - answered
-    assert gap < 0.5, f"the host opened {gap:.2f} s after its last first-contact answer: {told}"
+    # Held for the answers, it opens within a refresh or two (0.5 s once on a loaded CI machine); waiting
+    # on the resets' answers that never come, it opened SETTLE past the last one.
+    assert gap < 0.75 * SETTLE, f"the host opened {gap:.2f} s after its last first-contact answer: {told}"
