@@ -16,6 +16,7 @@ from .conftest import ADDON, ListSpider, crawl
 MIDDLEWARE_ONLY = {"DOWNLOADER_MIDDLEWARES": {"scrapy_retryafter.RetryAfterMiddleware": 560}}
 A_PAGES, B_PAGES = 20, 96
 SETTINGS = {"CONCURRENT_REQUESTS": 8, "RETRY_AFTER_ADAPTIVE": False}
+PENALTY = 3.0  # A's cooldown: a starved B waits it out
 
 
 def b_time(arrivals, b):
@@ -31,7 +32,7 @@ def requests_for(a, b):
 
 async def alone_and_beside(server, mode):
     """B's time alone, then beside A (fresh hosts: A throttles its first request of the crawl)."""
-    a = server.add_host(HostConfig(reject_first=1, penalty=3.0), address="127.0.0.2")
+    a = server.add_host(HostConfig(reject_first=1, penalty=PENALTY), address="127.0.0.2")
     b = server.add_host(HostConfig(latency=0.1), address="127.0.0.3")
     server.start()  # listens for the new hosts
     before = len(server.arrivals())
@@ -50,14 +51,15 @@ async def alone_and_beside(server, mode):
 @pytest.mark.parametrize("mode", [ADDON, MIDDLEWARE_ONLY], ids=["add-on", "middleware only"])
 @pytest_twisted.ensureDeferred
 async def test_a_cooling_host_does_not_starve_a_free_one(server, mode):
-    # Timing on a shared machine: a second pair of crawls when the first is off by load. Without
-    # the waiting room B beside A took over 5 s against 0.6 s alone: both pairs fail then.
+    # Without the waiting room B beside A took over 5 s against 0.6 s alone: B waited out A's
+    # cooldown. Passing A's first requests through costs B a little (0.05 s here, 0.5 s on a
+    # loaded CI machine), never a third of that cooldown; a second pair when the first is off.
     for _attempt in range(2):
         alone, beside = await alone_and_beside(server, mode)
         print(f"B alone {alone:.3f}s, beside A {beside:.3f}s")
-        if beside <= 1.3 * alone:
+        if beside - alone < PENALTY / 3:
             break
-    assert beside <= 1.3 * alone, (alone, beside)
+    assert beside - alone < PENALTY / 3, (alone, beside)
 
 
 @pytest_twisted.ensureDeferred
