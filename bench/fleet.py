@@ -91,6 +91,10 @@ async def side_by_side(pages: int, processes: int, hosts: int, redis_url: str, p
         defer.ensureDeferred(run_fleet(members, timeout=timeout)) for members in fleets.values()
     ])
     await server.stop()
+    if dump is not None:
+        for label, members in fleets.items():
+            for member in members:
+                (dump / f"{prefix}-{label.split()[0]}-{member.name}.log").write_text(member.log)
     return {
         label: measure(server, limited[label], fleets[label], pages,
                        dump and dump / f"{prefix}-{label.split()[0]}.jsonl")
@@ -140,7 +144,8 @@ if __name__ == "__main__":
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds a fleet may crawl")
     parser.add_argument("--arrivals", type=Path, default=None,
-                        help="a directory to write each run's arrival log to (JSON lines: t, status, user-agent, path)")
+                        help="a directory to write each run's arrival log to (JSON lines: t, status, user-agent, path), "
+                             "and each process's log")
     arguments = parser.parse_args()
 
     run_on_reactor(lambda: main(arguments))

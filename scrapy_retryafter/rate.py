@@ -16,10 +16,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-__all__ = ["Meter", "RateController", "step_pays"]
+__all__ = ["RateController", "step_pays"]
 
-BUCKET = 0.5
-SMOOTHING = 0.8
 SCALE = 0.04
 """Cubic regrowth constant below the last peak. AWS uses 0.4 for API calls; a
 crawl that hits a hard limiter pays a whole Retry-After per probe, so it
@@ -62,6 +60,10 @@ the next cooldown counts as a stray, not a drop (see ``throttled``)."""
 COUNTED = 8
 """Successes by which they must differ too: a stretch ends on a fraction of a
 token, so the rate is off by up to one success in this many."""
+CONFIRMED_MOST = 2
+"""A probe past a pinned plateau refused where the last one was confirms the limit: each confirmation
+doubles the time to the next probe, up to this many times (x4). Against a fixed limit with Retry-After: 2
+a probe every 30 s cost 8 % of the crawl; a limit that rises is still found, within minutes."""
 SHORT = 3.0
 """Seconds: a pace far above the rate spends a burst of a second or two's worth within this; a
 longer stretch ran near the rate and let tokens go to waste, so what it served says nothing."""
@@ -110,56 +112,18 @@ def step_pays(rate: float, grown: float, left: float | None, cooldown: float) ->
     return left is None or left * (1.0 / rate - 1.0 / grown) >= cooldown
 
 
-class Meter:
-    """Smoothed successful responses per second, in half-second buckets (three fields: a broad
-    crawl keeps one per recently seen host; the last tick is at most a bucket after ``bucket``)."""
-
-    __slots__ = ("bucket", "count", "rate")
-
-    def __init__(self, now: float) -> None:
-        self.bucket = now
-        self.count = 0
-        self.rate = 0.0
-
-    def tick(self, now: float) -> float:
-        elapsed = now - self.bucket
-        if elapsed >= BUCKET:
-            observed = self.count / elapsed
-            self.rate = SMOOTHING * observed + (1 - SMOOTHING) * self.rate
-            self.bucket = now
-            self.count = 0
-        self.count += 1
-        return self.rate
-
-    def idle(self, now: float, seconds: float) -> bool:
-        """True when no tick came for at least ``seconds`` (give or take a bucket)."""
-        return now - self.bucket > seconds + BUCKET
-
-    def current(self, now: float) -> float:
-        """The rate including the bucket in progress (so a burst counts at once).
-
-        Never zero or near zero once successes were seen: those of the bucket in progress count
-        over their span, at least a bucket (a first 429 within 50 ms of the first successes read 0
-        and started the pace at the floor, 1 request/s, instead of what the host had just served).
-        """
-        return max(self.rate, self.count / max(now - self.bucket, BUCKET))
-
-
 class RateController:
     """The pace of one throttled slot, in requests per second."""
 
     __slots__ = (
         "rate", "peak", "last_cut", "resumed", "window", "beta", "min_rate", "ceiling", "starting", "scale", "passed",
-        "refused", "stretch", "served", "last", "cut_here",
+        "refused", "stretch", "served", "last", "cut_here", "confirmed",
     )
 
     def __init__(self, beta: float = 0.7, min_rate: float = 1.0) -> None:
         self.beta = beta
         self.min_rate = min_rate
-        self.rate = 0.0
-        self.peak = 0.0
-        self.last_cut = 0.0
-        self.resumed = 0.0
+        self.rate = self.peak = self.last_cut = self.resumed = 0.0
         """When sending resumed after the last cut's cooldown: regrowth counts from here."""
         self.window = 0.0
         self.ceiling = math.inf
@@ -177,6 +141,8 @@ class RateController:
         """Successes since sending resumed after the last cut's cooldown."""
         self.cut_here = False
         """Throttled in this run: a pace only remembered or restored teaches the next run nothing new."""
+        self.confirmed = 0
+        """Probes refused in a row at the pinned plateau (CONFIRMED_MOST at most)."""
         self.last: tuple[int, float, float] | None = None
         """The stretch of sending before the last cut: what it served, how long it lasted, and
         the pace it began at (this one's is ``start``); one field, None until a stretch ended,
@@ -189,14 +155,14 @@ class RateController:
 
     @property
     def start(self) -> float:
-        """The pace this stretch of sending began at: where the cubic curve of the last cut starts
-        (derived, not kept: a broad crawl keeps one controller per throttled host)."""
+        """Where the cubic curve of the last cut starts (derived: a broad crawl keeps a controller per host)."""
         return self.peak - SCALE * self.window**3
 
     def throttled(self, measured: float, now: float) -> float:
         """Cut the rate: the server said this pace is too fast."""
         self.cut_here = True
         base = self.rate or measured  # when paced, the pace is what was too fast
+        probed, confirmed, self.confirmed = self.scale == STEADY_SCALE, self.confirmed, 0
         hidden = self.sustained(now) if self.rate and now >= self.resumed else None
         held = self.last is not None and self.last[1] >= HELD
         if self.rate and now >= self.resumed:
@@ -248,6 +214,7 @@ class RateController:
             self.rate = max(self.min_rate, base * self.beta)
             if self._at_peak(base):
                 self.scale = STEADY_SCALE
+                self.confirmed = min(confirmed + (probed and base > self.peak), CONFIRMED_MOST)
                 if base > self.peak:
                     # A probe just past the plateau was refused: the limit is where it was.
                     self.rate = max(self.rate, min(base * MARGIN, self.peak))
@@ -258,7 +225,7 @@ class RateController:
             self.peak = self.rate = max(self.min_rate, hidden * MARGIN)
             self.starting = False
             self.passed = 0.0
-            self.scale = STEADY_SCALE
+            self.scale, self.confirmed = STEADY_SCALE, 0
         self._regrow_from(base, now)
         return self.rate
 
@@ -294,6 +261,7 @@ class RateController:
         # Bounded: a cut by beta regrows to at most just under the pace it cut, rate / beta.
         self.peak = max(self.rate, min(plateau[0], base * MARGIN)) if plateau else self.rate
         self.scale = STEADY_SCALE if pinned else PROBE_SCALE
+        self.confirmed = self.confirmed if pinned else 0
         self.served, self.last = 0, None
         # Refused no lower than before: from rate / beta alone (4.9 of 10) slow start restarted at 7.7.
         self._regrow_from(max(base, self.refused if self.refused < math.inf else 0.0), now)
@@ -331,12 +299,12 @@ class RateController:
             self.rate = grown
             return self.rate
         since = max(0.0, now - self.resumed) - self.window
-        cubic = (SCALE * since**3 if since < 0 else self.scale * (since / self.stretch) ** 3) + self.peak
+        cubic = (SCALE * since**3 if since < 0 else self.scale * (since / self.stretch / 2**self.confirmed) ** 3) + self.peak
         # At most double what the slot really sends, so an idle slot's pace does not run away.
         ceiling = 2 * max(measured, self.rate)
         self.rate = max(self.min_rate, min(cubic, ceiling, self.ceiling))
         if self.rate >= RESTART * self.refused and self.rate < self.ceiling:
-            self.starting = True
+            self.starting, self.confirmed = True, 0
             self.passed = self.rate
         return self.rate
 
@@ -391,5 +359,5 @@ class RateController:
         self.window = 0.0
         self.starting = False
         self.passed = 0.0
-        self.scale = STEADY_SCALE
+        self.scale, self.confirmed = STEADY_SCALE, 0
         self.served, self.last = 0, None

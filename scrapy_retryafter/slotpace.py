@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from .rate import Meter, RateController
+from .meter import Meter
+from .rate import RateController
 from .slot_state import SlotState
 from .slottable import SlotTable
 

@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterator
 from .breaker import CLOSED
 from .failures import ConsecutiveFailures
 from .hostpause import HostPauses
+from .meter import Meter
 from .quota import QuotaWindows
-from .rate import Meter, RateController
+from .rate import RateController
 from .slot_state import SlotState, restored_state, saved_state
 
 __all__ = ["SlotTable"]

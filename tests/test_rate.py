@@ -9,9 +9,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from scrapy_retryafter.board import CooldownBoard
+from scrapy_retryafter.meter import BUCKET, Meter
 from scrapy_retryafter.rate import (
     AGAIN,
-    BUCKET,
+    CONFIRMED_MOST,
     DOUBLING,
     DROP_GUARD,
     HELD,
@@ -21,7 +22,6 @@ from scrapy_retryafter.rate import (
     PROBE_SCALE,
     RESTART,
     STEADY_SCALE,
-    Meter,
     RateController,
     doubling_step,
     step_pays,
@@ -185,6 +185,73 @@ def test_probing_past_the_plateau_waits_in_proportion_to_the_cooldown_a_refusal_
     short = probe_at(PROBE_COOLDOWN)
     assert probe_at(PROBE_COOLDOWN / 2) == pytest.approx(short)  # never faster than the constants say
     assert probe_at(60.0) == pytest.approx(short * 60.0 / PROBE_COOLDOWN, rel=0.02)  # a minute's cooldown: 48 x later
+
+
+def time_to_probe(pace: RateController, start: float, above: float) -> float:
+    """Seconds of sending after ``start`` until the pace first passes ``above`` (a success every 50 ms)."""
+    now = start
+    while pace.succeeded(100.0, now) <= above:
+        now += 0.05
+        assert now < start + 10_000, "never probed"
+    return now - start
+
+
+def test_each_probe_refused_at_the_pinned_plateau_doubles_the_time_to_the_next_up_to_a_cap():
+    pace = RateController()
+    pace.starting = False
+    pace.rate = 10.0
+    pace.throttled(10.0, 0.0)  # a first cut
+    now, waits = 0.0, []
+    for _ in range(CONFIRMED_MOST + 3):
+        now += time_to_probe(pace, now, 10.0)  # the pace climbs past the refused 10/s: refused there again
+        pace.throttled(10.0, now)
+        assert pace.rate == pytest.approx(10.0 * MARGIN, rel=1e-3)  # back to the plateau, no deep cut
+        waits.append(time_to_probe(pace, now, 10.0))
+    assert pace.confirmed == CONFIRMED_MOST
+    # waits[0]: the cut that pinned the plateau (no confirmation yet); then x2 per confirmation, capped.
+    for before, after in zip(waits, waits[1:CONFIRMED_MOST + 1]):
+        assert after == pytest.approx(2 * before, rel=0.05)
+    assert waits[-1] == pytest.approx(waits[-2], rel=0.05)
+
+
+@pytest.mark.parametrize(
+    "refused, kept",
+    [
+        (10.0, True),  # the next probe at the plateau: confirmed once more
+        (20.0, False),  # refused far above: the limit moved up, it is not where it was
+        (5.0, False),  # far below: the limit dropped
+    ],
+)
+def test_a_refusal_away_from_the_plateau_forgets_the_confirmations(refused, kept):
+    pace = RateController()
+    pace.starting = False
+    pace.rate = 10.0
+    pace.throttled(10.0, 0.0)
+    now = 0.0
+    for _ in range(2):
+        now += time_to_probe(pace, now, 10.0)
+        pace.throttled(10.0, now)
+    assert pace.confirmed == 1
+    now += 60.0
+    pace.rate = refused
+    pace.throttled(refused, now)
+    assert (pace.confirmed >= 1) is kept
+
+
+def test_a_limit_that_rose_is_still_found_after_confirmations():
+    pace = RateController()
+    pace.starting = False
+    pace.rate = 10.0
+    pace.throttled(10.0, 0.0)
+    now = 0.0
+    for _ in range(CONFIRMED_MOST + 1):
+        now += time_to_probe(pace, now, 10.0)
+        pace.throttled(10.0, now)
+    # The limit rose to 30/s: nothing refuses; the slow probe reaches the restart point, slow start finds the rest.
+    assert pace.confirmed == CONFIRMED_MOST
+    took = time_to_probe(pace, now, 25.0)
+    assert pace.confirmed == 0  # slow start found it: the confirmations were of a limit that moved
+    assert took < 150.0, took  # about a minute at 10/s: +10 % is +1 request/s
 
 
 def test_growth_never_passes_an_announced_rate_nor_twice_what_is_sent():
