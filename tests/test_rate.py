@@ -46,8 +46,7 @@ def test_slow_start_at_most_doubles_per_success_and_stops_at_the_first_paced_cut
     assert all(b <= 2 * a + 1e-9 for a, b in zip([1.0, *rates], rates))
     assert rates[-1] > 20
     cut = pace.throttled(measured=rates[-1] * 0.8, now=8.0)
-    assert rates[-1] <= PINNED * rates[-2]  # a small last step: the limit lies between the two
-    assert cut == pytest.approx(rates[-2])  # a paced cut starts from the paces: the last one let through
+    assert cut == pytest.approx(max(rates[-1] * 0.7, rates[-2] * MARGIN))  # a paced cut starts from the paces
     assert not pace.starting
 
 
@@ -77,7 +76,7 @@ def test_leaving_slow_start_after_a_small_step_resumes_just_under_the_pace_befor
     overshoot, passed = steps[-1], steps[-2]
     assert overshoot / passed < PINNED  # x1.14: the limit lies between the two
     cut = pace.throttled(measured=10.0, now=2.0)
-    assert cut == pytest.approx(passed) == pytest.approx(pace.peak)  # the last pace the server let through
+    assert cut == pytest.approx(passed * MARGIN) == pytest.approx(pace.peak)  # the last pace the server let through
     pace.paused(3.25, now=2.0)  # the cooldown that came with the cut
     assert pace.succeeded(100.0, 3.0) == pytest.approx(cut)
     assert pace.succeeded(100.0, 3.25) == pytest.approx(cut)
