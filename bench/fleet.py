@@ -147,5 +147,7 @@ if __name__ == "__main__":
                         help="a directory to write each run's arrival log to (JSON lines: t, status, user-agent, path), "
                              "and each process's log")
     arguments = parser.parse_args()
+    if arguments.arrivals is not None:
+        arguments.arrivals.mkdir(parents=True, exist_ok=True)
 
     run_on_reactor(lambda: main(arguments))

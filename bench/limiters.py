@@ -287,13 +287,35 @@ def limiters(pages: int, app_python: str) -> list[Limiter]:
     ]
 
 
+def delayed(running: Running, round_trip: float) -> Running:
+    """``running`` behind a relay that adds ``round_trip`` seconds (bench/delay_relay.py)."""
+    port = free_port()
+    upstream = int(running.base_url.rsplit(":", 1)[1])
+    process = subprocess.Popen([sys.executable, str(HERE / "delay_relay.py"), str(port), str(upstream), str(round_trip)])
+    try:
+        wait_listening(port, process, "the delaying relay")
+    except Exception:
+        stop(process)
+        running.close()
+        raise
+
+    def close() -> None:
+        stop(process)
+        running.close()
+
+    return Running(f"http://127.0.0.1:{port}", running.arrivals, close)
+
+
 @defer.inlineCallbacks
-def crawl(limiter: Limiter, settings: dict[str, Any], workdir: Path, state_dir: Path | None = None) -> Any:
+def crawl(limiter: Limiter, settings: dict[str, Any], workdir: Path, state_dir: Path | None = None,
+          round_trip: float = 0.0) -> Any:
     """One crawl against a fresh limiter; its park file (and the per-host state file beside it) in
     ``state_dir``, a fresh directory unless given (so no crawl starts from what another learned)."""
     state_dir = state_dir or Path(tempfile.mkdtemp(prefix="state-", dir=workdir))
     settings = {**settings, "RETRY_AFTER_PARK_FILE": str(state_dir / "parked.jsonl")}
     running = limiter.start(workdir)
+    if round_trip > 0:
+        running = delayed(running, round_trip)
     try:
         urls = [f"{running.base_url}/p/{i}" for i in range(limiter.pages)]
         spider, _, elapsed = yield run(urls, settings)
@@ -323,10 +345,10 @@ def main(args: argparse.Namespace) -> Any:
             state_dir = None
             if config == MEMORY:  # a first crawl learns, the second (measured) starts from its file
                 state_dir = Path(tempfile.mkdtemp(prefix="memory-", dir=workdir))
-                first = yield crawl(lim, {**CONFIGS[ADDON], "LOG_LEVEL": level}, workdir, state_dir)
+                first = yield crawl(lim, {**CONFIGS[ADDON], "LOG_LEVEL": level}, workdir, state_dir, args.rtt / 1000)
                 print(f"  {lim.name} / first run for memory: {first[1]} x 429, {first[3]:.1f} s", file=sys.stderr)
             result = yield crawl(lim, {**CONFIGS[ADDON if config == MEMORY else config], "LOG_LEVEL": level},
-                                 workdir, state_dir)
+                                 workdir, state_dir, args.rtt / 1000)
             results[index].append(result[:4])
             if keep:
                 tag = "memory" if config == MEMORY else config.split()[0].lower().replace("-", "")
@@ -336,7 +358,7 @@ def main(args: argparse.Namespace) -> Any:
                   f"{result[3]:.1f} s", file=sys.stderr, flush=True)
     shutil.rmtree(workdir, ignore_errors=True)
 
-    print(f"\n{args.pages} pages unless said, CONCURRENT_REQUESTS=16, rate not told; "
+    print(f"\n{args.pages} pages unless said, CONCURRENT_REQUESTS=16, rate not told, round trip +{args.rtt:g} ms; "
           f"median of {args.repeat} run(s), rows interleaved")
     print("| limiter | configuration | pages | 429 share | seconds | ideal s | x ideal |\n|---|---|---|---|---|---|---|")
     stock_time: dict[str, float] = {}
@@ -367,6 +389,8 @@ def _main() -> None:
                         help="comma-separated: stock,autothrottle,addon,memory (memory: the add-on's second crawl)")
     parser.add_argument("--app-python", default=os.environ.get("BENCH_LIMITER_PYTHON", sys.executable),
                         help="a Python with Flask-Limiter and waitress (the bench extra)")
+    parser.add_argument("--rtt", type=float, default=0.0,
+                        help="milliseconds of round trip added between crawl and limiter (bench/delay_relay.py)")
     parser.add_argument("--keep-logs", default="", help="write each crawl's arrival log (time, status) here")
     args = parser.parse_args()
     if os.environ.get("BENCH_LOG_LEVEL"):
@@ -374,7 +398,7 @@ def _main() -> None:
 
         logging.basicConfig(level=os.environ["BENCH_LOG_LEVEL"], format="%(relativeCreated)7.0f %(name)s %(message)s")
     d = main(args)
-    d.addErrback(lambda f: (f.printTraceback(), None))
+    d.addErrback(lambda f: (f.printTraceback(file=sys.stderr), None))
     d.addBoth(lambda _: reactor.stop())  # type: ignore[attr-defined]
     reactor.run()  # type: ignore[attr-defined]
 

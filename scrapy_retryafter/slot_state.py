@@ -5,6 +5,7 @@ Pure. Kept apart from the board so the fleet's board builds on the same state.
 
 from __future__ import annotations
 
+from array import array
 from typing import Protocol
 
 from .backoff import Uniform
@@ -23,7 +24,7 @@ class SlotState:
 
     __slots__ = (
         "cooldown_until", "refuse_until", "wake_end", "wake_left", "next_release", "pace", "next_paced", "last_seen",
-        "breaker", "tokens",
+        "breaker", "tokens", "steps",
     )
 
     def __init__(self) -> None:
@@ -38,6 +39,8 @@ class SlotState:
         self.breaker: Breaker | None = None
         self.tokens = -1.0
         """Retry budget left (gRPC-style); -1 means full and untouched."""
+        self.steps: array[float] | None = None
+        """Slow start's paces and when each began (startsteps); None out of slow start."""
 
 
 def next_release(start: float, end: float, left: int, u: float) -> float:

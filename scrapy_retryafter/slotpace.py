@@ -14,6 +14,7 @@ from .meter import Meter
 from .rate import RateController
 from .slot_state import SlotState
 from .slottable import SlotTable
+from .startsteps import sent_pace, stepped
 
 __all__ = ["SlotPaces"]
 
@@ -42,6 +43,10 @@ class SlotPaces(SlotTable):
         before = state.pace.rate
         after = state.pace.succeeded(measured, now, left if left is None or share == 1.0 else _times(left, share))
         state.last_seen = now
+        if not state.pace.starting:
+            state.steps = None
+        elif after != before or state.steps is None:
+            state.steps = stepped(state.steps, now, after)
         if after > before and state.next_paced > now:
             return self._sooner(slot, state, before, after, now)
         return False
@@ -70,7 +75,18 @@ class SlotPaces(SlotTable):
             state.pace = RateController(beta=beta)
         elif sent_at < state.pace.last_cut or now < state.cooldown_until:
             return None
-        return state.pace.throttled(measured, now)
+        else:
+            self._sent_pace(slot, state, sent_at)
+        rate = state.pace.throttled(measured, now)
+        state.steps = stepped(None, now, rate) if state.pace.starting else None
+        return rate
+
+    def _sent_pace(self, slot: str, state: SlotState, sent_at: float) -> None:
+        """Cut from the pace the refused request was sent at: slow start stepped past it during the round trip."""
+        pace = state.pace
+        sent = sent_pace(state.steps, sent_at) if pace is not None and pace.starting and state.steps else None
+        if pace is not None and sent is not None and sent[0] < pace.rate:
+            pace.ran_ahead(*sent)
 
     def announce(self, slot: str, rate: float) -> None:
         """Pace ``slot`` at a rate its server announced (RateLimit-Policy)."""

@@ -239,17 +239,17 @@ class FleetRules(FleetFacts):
         if held:
             self._news()
 
+    def _sent_pace(self, slot: str, state: SlotState, sent_at: float) -> None:
+        """Slow start outruns the grants: what was refused is the fleet's pace (its senders' slowest), its grant says."""
+        fleet, pace = self.leases.pace(slot), state.pace
+        if pace is None or not fleet or self.lost:
+            return super()._sent_pace(slot, state, sent_at)
+        pace.rate = min(pace.rate, fleet)
+        sending = (self.leases.sending(slot) or 0.0) * self.share(slot)
+        pace.ran_ahead(*(self.leases.spaced(slot, sent_at) or (sending, 0.0)))
+
     def throttled(self, slot: str, sent_at: float, beta: float = 0.7) -> float | None:
         self._heard_from(slot, throttle=True)
-        state = self._slots.get(slot)
-        fleet = self.leases.pace(slot)
-        pace = state.pace if state is not None else None
-        # A throttle the cut already answered (sent before it, or during its cooldown) changes nothing.
-        if state and pace and fleet and not self.lost and sent_at >= pace.last_cut and self.clock() >= state.cooldown_until:
-            # What was refused is the fleet's pace (its senders' slowest), not this process's own; slow start
-            pace.rate = min(pace.rate, fleet)  # outruns the grants: the refused one's tells (the send rate lags).
-            sending = (self.leases.sending(slot) or 0.0) * self.share(slot)
-            pace.ran_ahead(*(self.leases.spaced(slot, sent_at) or (sending, 0.0)))
         rate = super().throttled(slot, sent_at, beta)
         self._grown.pop(slot, None)
         if rate is not None:

@@ -125,7 +125,7 @@ def run_on_reactor(work: Any) -> None:
 
     def finish(result: Any) -> None:
         if isinstance(result, Failure):
-            result.printTraceback()
+            result.printTraceback(file=sys.stderr)  # the default goes to Twisted's log, unwatched here
         reactor.stop()
 
     reactor.callWhenRunning(lambda: defer.ensureDeferred(work()).addBoth(finish))
