@@ -24,7 +24,7 @@ class SlotState:
 
     __slots__ = (
         "cooldown_until", "refuse_until", "wake_end", "wake_left", "next_release", "pace", "next_paced", "last_seen",
-        "breaker", "tokens", "steps",
+        "breaker", "tokens", "steps", "lag",
     )
 
     def __init__(self) -> None:
@@ -41,6 +41,8 @@ class SlotState:
         """Retry budget left (gRPC-style); -1 means full and untouched."""
         self.steps: array[float] | None = None
         """Slow start's paces and when each began (startsteps); None out of slow start."""
+        self.lag = -1.0
+        """Lower envelope of how late a learned pace's releases leave (board._lag_credit); -1: none seen."""
 
 
 def next_release(start: float, end: float, left: int, u: float) -> float:
