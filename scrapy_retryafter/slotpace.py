@@ -43,7 +43,7 @@ class SlotPaces(SlotTable):
         before = state.pace.rate
         after = state.pace.succeeded(measured, now, left if left is None or share == 1.0 else _times(left, share))
         state.last_seen = now
-        if not state.pace.starting:
+        if not state.pace.starting or state.pace.ceiling < math.inf:  # a stated quota takes no steps
             state.steps = None
         elif after != before or state.steps is None:
             state.steps = stepped(state.steps, now, after)

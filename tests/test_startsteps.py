@@ -119,3 +119,13 @@ def test_steps_are_dropped_once_out_of_slow_start():
         clock.advance(0.1)
         board.succeeded("a")
     assert not board._slots["a"].pace.starting and board._slots["a"].steps is None
+
+
+def test_a_slot_paced_by_a_stated_quota_keeps_no_steps():
+    clock = FakeClock()
+    board = CooldownBoard(clock=clock)
+    board.announce("a", 10.0)
+    for _ in range(5):
+        clock.advance(0.1)
+        board.succeeded("a")
+    assert board._slots["a"].pace.starting and board._slots["a"].steps is None
