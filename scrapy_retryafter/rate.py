@@ -196,11 +196,9 @@ class RateController:
             # to regrow to, the one before its last step up is.
             self.peak = max(self.rate, passed * MARGIN)
             if base <= PINNED * passed:
-                # The limit lies between the last two paces: resume just under
-                # what passed and regrow to it within seconds.
+                # The limit lies between the last two paces: resume just under it.
                 self.scale = STEADY_SCALE
                 self.rate = max(self.min_rate, self.peak)
-                self.peak = max(self.rate, passed)
             else:
                 self.passed = passed  # if the pace between the two is refused at once, the limit is under it
         elif again and base > passed > 0.0:

@@ -21,7 +21,6 @@ from scrapy_retryafter.rate import (
     PROBE_COOLDOWN,
     PROBE_SCALE,
     RESTART,
-    SCALE,
     STEADY_SCALE,
     RateController,
     doubling_step,
@@ -68,7 +67,7 @@ def test_right_after_a_cut_a_low_success_rate_is_the_meter_lagging_not_a_drop():
     assert pace.throttled(measured=4.0, now=10.0 + DROP_GUARD / 2) == pytest.approx(30.0 * 0.7)
 
 
-def test_leaving_slow_start_after_a_small_step_resumes_just_under_the_pace_before_it_and_regrows_to_it():
+def test_leaving_slow_start_after_a_small_step_resumes_just_under_the_pace_before_it():
     pace = RateController()
     pace.throttled(0.0, 0.0)
     steps = []
@@ -77,17 +76,12 @@ def test_leaving_slow_start_after_a_small_step_resumes_just_under_the_pace_befor
     overshoot, passed = steps[-1], steps[-2]
     assert overshoot / passed < PINNED  # x1.14: the limit lies between the two
     cut = pace.throttled(measured=10.0, now=2.0)
-    assert cut == pytest.approx(passed * MARGIN)
-    assert pace.peak == pytest.approx(passed)  # the last pace the server let through
+    assert cut == pytest.approx(passed * MARGIN) == pytest.approx(pace.peak)  # the last pace the server let through
     pace.paused(3.25, now=2.0)  # the cooldown that came with the cut
     assert pace.succeeded(100.0, 3.0) == pytest.approx(cut)
     assert pace.succeeded(100.0, 3.25) == pytest.approx(cut)
-    back = ((passed - cut) / SCALE) ** (1 / 3)
-    assert 2.0 < back < 4.0  # within seconds
-    assert cut < pace.succeeded(100.0, 3.25 + back / 2) < passed
-    assert pace.succeeded(100.0, 3.25 + back) == pytest.approx(passed)
     # The limit is known closely: probing past it is slow.
-    assert pace.succeeded(100.0, 3.25 + back + 2.0) == pytest.approx(passed + STEADY_SCALE * 2.0**3)
+    assert pace.succeeded(100.0, 3.25 + 2.0) == pytest.approx(pace.peak + STEADY_SCALE * 2.0**3)
 
 
 def test_leaving_slow_start_after_a_big_step_regrows_from_the_cut_to_the_pace_before_it():
@@ -572,8 +566,7 @@ def test_a_rate_read_from_a_burst_is_near_the_real_one(rate, burst):
     pace = Recording()
     against_token_bucket(pace, rate=rate, burst=burst, seconds=30.0)
     for hidden, _ in pace.hidden:
-        # x1.15 at 20.8/s with a burst of 32.7, where a stretch regrows to the pace slow start passed.
-        assert 0.6 * rate <= hidden <= 1.2 * rate
+        assert 0.6 * rate <= hidden <= 1.15 * rate
 
 
 def pinned_at(rate: float, held: float) -> tuple[RateController, float]:
