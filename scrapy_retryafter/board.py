@@ -241,8 +241,10 @@ def _lag_credit(state: SlotState, late: float, interval: float) -> float:
     A limiter without burst refuses one short gap, so only the lag every
     release pays (the wake timer's margin, the engine's loop: 2-3 ms, 4 % at
     20 requests/s) is made up: its lower envelope, which rises by LAG_DRIFT per
-    release and falls to any smaller lag at once. No gap is then shorter than
-    the interval by more than that drift's worth.
+    release and falls to any smaller lag at once. A gap comes short of the
+    interval only where the lag shrinks (after the first release, or when a
+    release is on time after late ones), by at most the credit it had, a
+    tenth of the interval; no run of releases outpaces the pace by more.
     """
     if not 0.0 <= late < interval:  # the first release, a slot that sat idle, NaN
         return 0.0

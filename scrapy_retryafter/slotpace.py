@@ -40,13 +40,14 @@ class SlotPaces(SlotTable):
             return False
         share = self.share(slot)
         measured *= share
-        before = state.pace.rate
+        before, restarting = state.pace.rate, not state.pace.starting
         after = state.pace.succeeded(measured, now, left if left is None or share == 1.0 else _times(left, share))
         state.last_seen = now
         if not state.pace.starting or state.pace.ceiling < math.inf:  # a stated quota takes no steps
             state.steps = None
-        elif after != before or state.steps is None:
-            state.steps = stepped(state.steps, now, after)
+        elif restarting or after != before or state.steps is None:
+            # A restart takes none of an earlier slow start's steps (a fleet's adopted cut leaves them).
+            state.steps = stepped(None if restarting else state.steps, now, after)
         if after > before and state.next_paced > now:
             return self._sooner(slot, state, before, after, now)
         return False

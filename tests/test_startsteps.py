@@ -129,3 +129,20 @@ def test_a_slot_paced_by_a_stated_quota_keeps_no_steps():
         clock.advance(0.1)
         board.succeeded("a")
     assert board._slots["a"].pace.starting and board._slots["a"].steps is None
+
+
+def test_slow_start_restarted_after_an_adopted_cut_takes_none_of_the_earlier_steps():
+    clock = FakeClock()
+    board = CooldownBoard(clock=clock)
+    slow_start(board, clock)
+    state = board._slots["a"]
+    state.pace.adopted(16.0, clock())  # another process's cut (the fleet): out of slow start, no success since
+    clock.advance(12.0)
+    board.succeeded("a")  # regrown far past the cut: slow start again
+    assert state.pace.starting
+    restarted = board.rate("a")
+    assert state.steps is not None and list(state.steps)[1::2] == [restarted]
+    clock.advance(0.3)
+    # Sent before the restart's first step: cut from the restart's pace (pinned just under it, the
+    # pace the restart let through), not from a step of the slow start before the adopted cut (19.5).
+    assert throttle(board, clock() - 0.35) == pytest.approx(restarted * 0.95)
