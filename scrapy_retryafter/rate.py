@@ -35,6 +35,14 @@ PROBE_COOLDOWN = 1.25
 after a longer one they stretch in proportion, so that a slot told to wait a
 minute does not probe every 20 s and spend most of its time cooling down."""
 MARGIN = 0.95
+START = 1.0
+"""Requests per second of a slot's first pace when nothing succeeded on it before its first throttle."""
+FLOOR = 0.2
+"""The slowest a learned pace goes (one request per 5 s). At 1 request/s, the floor before, a
+host that allows 1 request/s was paced at its limit and refused whenever two gaps came a ms short."""
+GENTLE = 4.0
+"""Requests per second under which the growth constants shrink with the peak: they add requests per
+second, and +1 after 4.6 s on a plateau of 1/s doubles it, where on one of 5/s it adds a fifth."""
 """The rate that was throttled is over the limit: the plateau sits just under it."""
 DROP_GUARD = 3.0
 """Seconds after a cut (cooldown included) before the meter is trusted to say the limit dropped."""
@@ -67,6 +75,11 @@ a probe every 30 s cost 8 % of the crawl; a limit that rises is still found, wit
 SHORT = 3.0
 """Seconds: a pace far above the rate spends a burst of a second or two's worth within this; a
 longer stretch ran near the rate and let tokens go to waste, so what it served says nothing."""
+
+
+def growth(peak: float) -> float:
+    """The share of the growth constants a plateau at ``peak`` grows by (see GENTLE)."""
+    return min(1.0, peak / GENTLE)
 
 
 def doubling_step(rate: float) -> float:
@@ -120,7 +133,7 @@ class RateController:
         "refused", "stretch", "served", "last", "cut_here", "confirmed",
     )
 
-    def __init__(self, beta: float = 0.7, min_rate: float = 1.0) -> None:
+    def __init__(self, beta: float = 0.7, min_rate: float = FLOOR) -> None:
         self.beta = beta
         self.min_rate = min_rate
         self.rate = self.peak = self.last_cut = self.resumed = 0.0
@@ -156,12 +169,13 @@ class RateController:
     @property
     def start(self) -> float:
         """Where the cubic curve of the last cut starts (derived: a broad crawl keeps a controller per host)."""
-        return self.peak - SCALE * self.window**3
+        return self.peak - SCALE * growth(self.peak) * self.window**3
 
     def throttled(self, measured: float, now: float) -> float:
         """Cut the rate: the server said this pace is too fast."""
         self.cut_here = True
-        base = self.rate or measured  # when paced, the pace is what was too fast
+        # When paced, the pace is what was too fast; else what succeeded, START when nothing did.
+        base = self.rate or max(measured, min(START, self.ceiling) / self.beta)
         probed, confirmed, self.confirmed = self.scale == STEADY_SCALE, self.confirmed, 0
         hidden = self.sustained(now) if self.rate and now >= self.resumed else None
         held = self.last is not None and self.last[1] >= HELD
@@ -244,7 +258,7 @@ class RateController:
     def _regrow_from(self, refused: float, now: float) -> None:
         """The cut is made: the cubic curve restarts now, back up to ``peak``."""
         self.refused = refused
-        self.window = (max(self.peak - self.rate, 0.0) / SCALE) ** (1 / 3)
+        self.window = (max(self.peak - self.rate, 0.0) / (SCALE * growth(self.peak))) ** (1 / 3)
         self.last_cut = self.resumed = now
 
     def adopted(self, rate: float, now: float, plateau: tuple[float, bool] | None = None) -> None:
@@ -299,7 +313,8 @@ class RateController:
             self.rate = grown
             return self.rate
         since = max(0.0, now - self.resumed) - self.window
-        cubic = (SCALE * since**3 if since < 0 else self.scale * (since / self.stretch / 2**self.confirmed) ** 3) + self.peak
+        scale = SCALE if since < 0 else self.scale / (self.stretch * 2**self.confirmed) ** 3
+        cubic = scale * growth(self.peak) * since**3 + self.peak
         # At most double what the slot really sends, so an idle slot's pace does not run away.
         ceiling = 2 * max(measured, self.rate)
         self.rate = max(self.min_rate, min(cubic, ceiling, self.ceiling))
@@ -311,7 +326,7 @@ class RateController:
     def announced(self, rate: float) -> None:
         """The server stated its quota: never pace above it; follow it unless throttled (then only drop)."""
         self.ceiling = rate
-        # A quota under the floor (30 a minute) lowers the floor: never pace above what the server allows.
+        # A quota under the floor (6 a minute) lowers the floor: never pace above what the server allows.
         self.min_rate = min(self.min_rate, rate)
         self.rate = rate if not self.last_cut or not self.rate else min(self.rate, rate)
 
@@ -325,13 +340,9 @@ class RateController:
         return self
 
     def learned(self) -> float | None:
-        """The pace to remember for the next run, None when nothing was learned (not throttled in this run).
-
-        The plateau just under the last refusal; in slow start, the last pace
-        the server let through (the current one is a step past it, untested).
-        A run that only started at a remembered pace saves nothing, so the record
-        ages out after RETRY_AFTER_MEMORY_AGE: a host whose limit rose is learned afresh.
-        """
+        """The pace to remember for the next run, None when not throttled in this run (a record only
+        restored ages out: a host whose limit rose is learned afresh). The plateau just under the last
+        refusal; in slow start, the last pace the server let through (the current one is untested)."""
         if not self.cut_here or not self.last_cut or not self.rate:
             return None
         if self.starting:

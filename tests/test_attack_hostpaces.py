@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scrapy import Request
 
-from scrapy_retryafter.rate import RateController
+from scrapy_retryafter.rate import FLOOR, RateController
 from scrapy_retryafter.testing.server import HostConfig, ThrottlingServer
 
 from .conftest import ADDON, crawl
@@ -94,7 +94,7 @@ async def test_a_run_that_was_never_throttled_does_not_renew_the_remembered_pace
         ('{"rate": 5, "at": NaN}', None),
         ('{"rate": 5, "at": 1e308}', None),  # learned in the future
         ('[5, 1]', None),
-        ('{"rate": 1e-300, "at": 1}', 1.0),  # bounded to 1e-6, seeded at the controller's floor
+        ('{"rate": 1e-300, "at": 1}', FLOOR),  # bounded to 1e-6, seeded at the controller's floor
         ('{"rate": 5, "at": 1, "burst": 3, "shape": {"x": 1}}', 5.0),  # a newer release's extra fields
         ('{"rate": 9999, "at": 1}', 9999.0),
     ],
@@ -116,7 +116,7 @@ def test_a_hostile_pace_is_set_aside_or_bounded_and_seeds_a_finite_pace(tmp_path
     if seeded is None:
         assert rate is None, rate
     else:
-        assert rate is not None and rate == pytest.approx(max(1.0, seeded * 0.95), rel=0.01)
+        assert rate is not None and rate == pytest.approx(max(FLOOR, seeded * 0.95), rel=0.01)
 
 
 def test_a_pace_for_100_000_hosts_keeps_the_newest_10_000(tmp_path: Path) -> None:

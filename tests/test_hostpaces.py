@@ -12,7 +12,7 @@ from scrapy_retryafter.board import CooldownBoard
 from scrapy_retryafter.hostpaces import MAX_REMEMBERED, learned_records, seeded_paces
 from scrapy_retryafter.hostrecord import MAX_RATE, MIN_RATE
 from scrapy_retryafter.hoststate import HostMemory, HostRecord, Pace, Refusal
-from scrapy_retryafter.rate import MARGIN, STEADY_SCALE, RateController
+from scrapy_retryafter.rate import FLOOR, MARGIN, STEADY_SCALE, RateController
 from scrapy_retryafter.testing.clock import FakeClock
 
 WALL = 1_800_000_000.0
@@ -90,7 +90,7 @@ def test_a_refused_host_is_left_to_its_refusal():
         ({"rate": -3.0, "at": WALL}, None),
         ({"rate": 0.0, "at": WALL}, None),
         ({"rate": 1e300, "at": WALL}, None),  # bounded to MAX_RATE by the parser, over what any crawl sends
-        ({"rate": 1e-300, "at": WALL}, 1.0),  # bounded to MIN_RATE, then the controller's floor
+        ({"rate": 1e-300, "at": WALL}, FLOOR),  # bounded to MIN_RATE, then the controller's floor
         ({"rate": 18.5, "at": WALL - WEEK - 1}, None),  # stale: older than RETRY_AFTER_MEMORY_AGE
         ({"rate": 18.5, "at": WALL + 30 * 86400}, None),  # learned in the future
         ({"rate": 18.5}, None),
@@ -104,7 +104,7 @@ def test_a_hostile_file_seeds_only_bounded_fresh_paces(tmp_path, raw, seeded):
     board = CooldownBoard(clock=FakeClock())
     assert seeded_paces(board, HostMemory(path, clock=lambda: WALL).load()) == (seeded is not None)
     rate = board.rate("api.test")
-    assert rate == (pytest.approx(max(1.0, seeded * MARGIN)) if seeded is not None else None)
+    assert rate == (pytest.approx(max(FLOOR, seeded * MARGIN)) if seeded is not None else None)
 
 
 def test_nan_and_infinite_paces_in_the_file_are_set_aside(tmp_path):

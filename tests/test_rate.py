@@ -763,3 +763,17 @@ def test_slow_start_that_ran_ahead_resumes_over_the_pace_the_fleet_let_through()
     assert unknown.passed == 0.0
     unknown.throttled(9.0, 0.0)
     assert unknown.rate == pytest.approx(6.3) and unknown.scale == PROBE_SCALE  # not pinned on a guess
+
+
+def test_a_host_that_allows_one_request_a_second_is_paced_under_it():
+    """The floor was 1 request/s: a host allowing exactly that was paced at its limit, refused by any gap a ms short."""
+    pace = RateController()
+    pace.starting = False
+    pace.rate = 1.0
+    pace.throttled(1.0, 0.0)
+    pace.rate = 1.0
+    pace.throttled(1.0, 5.0)  # refused twice at the same pace: pinned just under it
+    assert pace.scale == STEADY_SCALE
+    assert pace.rate == pytest.approx(0.95)
+    assert pace.succeeded(1.0, 10.0) < 1.0  # the plateau holds under the limit
+
