@@ -35,6 +35,7 @@ PROBE_COOLDOWN = 1.25
 after a longer one they stretch in proportion, so that a slot told to wait a
 minute does not probe every 20 s and spend most of its time cooling down."""
 MARGIN = 0.95
+"""The rate that was throttled is over the limit: the plateau sits just under it."""
 START = 1.0
 """Requests per second of a slot's first pace when nothing succeeded on it before its first throttle."""
 FLOOR = 0.2
@@ -43,7 +44,6 @@ host that allows 1 request/s was paced at its limit and refused whenever two gap
 GENTLE = 4.0
 """Requests per second under which the growth constants shrink with the peak: they add requests per
 second, and +1 after 4.6 s on a plateau of 1/s doubles it, where on one of 5/s it adds a fifth."""
-"""The rate that was throttled is over the limit: the plateau sits just under it."""
 DROP_GUARD = 3.0
 """Seconds after a cut (cooldown included) before the meter is trusted to say the limit dropped."""
 DOUBLING = 0.25
@@ -79,7 +79,7 @@ longer stretch ran near the rate and let tokens go to waste, so what it served s
 
 def growth(peak: float) -> float:
     """The share of the growth constants a plateau at ``peak`` grows by (see GENTLE)."""
-    return min(1.0, peak / GENTLE)
+    return min(1.0, max(peak, FLOOR) / GENTLE)  # never 0: the cubic's window divides by it
 
 
 def doubling_step(rate: float) -> float:
