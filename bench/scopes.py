@@ -71,8 +71,9 @@ def row(
     server: ScopedServer, name: str, limit: float, start: float, end: float, **where: Any
 ) -> tuple[str, int, int, float, float]:
     """One group's row over one crawl: the arrivals from ``start`` (the crawl's) to ``end`` (the next crawl's)."""
-    ok = [a for a in server.arrivals(**where) if a.status == 200 and start <= a.t < end]
-    refused = len([a for a in server.arrivals(status=429, **where) if start <= a.t < end])
+    mine = [a for a in server.arrivals(**where) if start <= a.t < end]
+    ok = [a for a in mine if a.status == 200]
+    refused = sum(a.status == 429 for a in mine)
     span = max(a.t for a in ok) - start if ok else float("inf")
     later = [a.t for a in ok if a.t >= ok[0].t + 2.0]
     steady = (len(later) - 1) / (later[-1] - later[0]) / limit if len(later) > 1 else 0.0
@@ -161,8 +162,9 @@ def main() -> None:
         print("|---|---|---|---|---|---|")
         for part in args.parts.split(","):
             scoped = {"RETRY_AFTER_SCOPES": SCOPES[part]} if args.scoped else {}
-            memory = {"RETRY_AFTER_PARK_FILE": str(Path(tempfile.mkdtemp(prefix="bench-scopes-")) / "parked.jsonl")}
-            every_run = yield PARTS[part]({**scoped, **(memory if args.second else {}), **settings}, args.pages, runs)
+            # --second: both crawls share one park file, so the second starts from the first's memory.
+            memory = {"RETRY_AFTER_PARK_FILE": str(Path(tempfile.mkdtemp(prefix="bench-scopes-")) / "parked.jsonl")} if args.second else {}
+            every_run = yield PARTS[part]({**scoped, **memory, **settings}, args.pages, runs)
             for run, rows in enumerate(every_run):
                 for name, pages, refused, share, steady in rows:
                     print(f"| {name} | {('first', 'second')[run]} | {pages} | {refused} | {share:.2f} | {steady:.2f} |", flush=True)
