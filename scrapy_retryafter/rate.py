@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-__all__ = ["RateController", "step_pays"]
+__all__ = ["RateController", "step_pays", "usable"]
 
 SCALE = 0.04
 """Cubic regrowth constant below the last peak. AWS uses 0.4 for API calls; a
@@ -78,8 +78,14 @@ longer stretch ran near the rate and let tokens go to waste, so what it served s
 
 
 def growth(peak: float) -> float:
-    """The share of the growth constants a plateau at ``peak`` grows by (see GENTLE)."""
-    return min(1.0, max(peak, FLOOR) / GENTLE)  # never 0: the cubic's window divides by it
+    """The share of the growth constants a plateau at ``peak`` grows by (see GENTLE): no less than at
+    START, so a pace cut to the floor (0.2) by refusals in a row does not take 20 times as long to regrow."""
+    return min(1.0, max(peak, START) / GENTLE)
+
+
+def usable(rate: float) -> bool:
+    """A rate from a file, Redis or a server that can pace a slot: positive and finite (not NaN)."""
+    return 0.0 < rate < math.inf
 
 
 def doubling_step(rate: float) -> float:
@@ -134,6 +140,8 @@ class RateController:
     )
 
     def __init__(self, beta: float = 0.7, min_rate: float = FLOOR) -> None:
+        if not 0.0 < beta < 1.0 or not usable(min_rate):
+            raise ValueError(f"beta must lie in (0, 1) and min_rate be positive, not {beta!r} and {min_rate!r}")
         self.beta = beta
         self.min_rate = min_rate
         self.rate = self.peak = self.last_cut = self.resumed = 0.0
@@ -174,6 +182,7 @@ class RateController:
     def throttled(self, measured: float, now: float) -> float:
         """Cut the rate: the server said this pace is too fast."""
         self.cut_here = True
+        measured = measured if usable(measured) else 0.0
         # When paced, the pace is what was too fast; else what succeeded, START when nothing did.
         base = self.rate or max(measured, min(START, self.ceiling) / self.beta)
         probed, confirmed, self.confirmed = self.scale == STEADY_SCALE, self.confirmed, 0
@@ -187,8 +196,9 @@ class RateController:
         if not self.starting and measured and measured < base / 2 and now - self.last_cut >= DROP_GUARD:
             # Out of slow start, and long enough after the last cut for the
             # meter to have caught up, a success rate under half the pace
-            # means the limit itself dropped.
-            base = measured
+            # means the limit itself dropped. Under START it counts demand, not a
+            # limit: a success every 10 s and one stray 429 sent a 20/s pace to the floor.
+            base = max(measured, min(base, START))
         leaving_start = self.starting and bool(self.rate)
         again = not self.starting and self.refused < math.inf and now - self.resumed < AGAIN
         if again and self.scale == STEADY_SCALE and held:
@@ -240,7 +250,7 @@ class RateController:
             self.starting = False
             self.passed = 0.0
             self.scale, self.confirmed = STEADY_SCALE, 0
-        self._regrow_from(base, now)
+        self.regrow_from(base, now)
         return self.rate
 
     def ran_ahead(self, sent: float, passed: float = 0.0) -> None:
@@ -255,7 +265,7 @@ class RateController:
         """A pace refused about where the last one was: the limit is pinned down."""
         return abs(refused * MARGIN - self.peak) <= 0.1 * self.peak
 
-    def _regrow_from(self, refused: float, now: float) -> None:
+    def regrow_from(self, refused: float, now: float) -> None:
         """The cut is made: the cubic curve restarts now, back up to ``peak``."""
         self.refused = refused
         self.window = (max(self.peak - self.rate, 0.0) / (SCALE * growth(self.peak))) ** (1 / 3)
@@ -266,6 +276,9 @@ class RateController:
         each other to the floor). With the cutter's ``plateau`` (peak, pinned?) it regrows as the cutter does,
         else the next refusal here (they take turns) was never "at the peak" and probed fast. Without, the cut
         is the plateau: regrowing toward ``rate / beta``, the fleet was refused again after the cooldown."""
+        if not usable(rate):
+            return
+        rate = min(rate, self.ceiling)
         paused = self.resumed
         base = rate / self.beta
         self.starting = False
@@ -278,7 +291,7 @@ class RateController:
         self.confirmed = self.confirmed if pinned else 0
         self.served, self.last = 0, None
         # Refused no lower than before: from rate / beta alone (4.9 of 10) slow start restarted at 7.7.
-        self._regrow_from(max(base, self.refused if self.refused < math.inf else 0.0), now)
+        self.regrow_from(max(base, self.refused if self.refused < math.inf else 0.0), now)
         self.resumed = max(self.resumed, paused)
 
     def paused(self, until: float, now: float) -> None:
@@ -295,6 +308,7 @@ class RateController:
         """
         if not self.rate:
             return 0.0
+        measured = measured if usable(measured) else 0.0
         if now >= self.resumed:
             self.served += 1
         if self.starting:
@@ -325,6 +339,8 @@ class RateController:
 
     def announced(self, rate: float) -> None:
         """The server stated its quota: never pace above it; follow it unless throttled (then only drop)."""
+        if not usable(rate):
+            return
         self.ceiling = rate
         # A quota under the floor (6 a minute) lowers the floor: never pace above what the server allows.
         self.min_rate = min(self.min_rate, rate)
@@ -336,39 +352,6 @@ class RateController:
         if not self.last_cut:
             return None
         self.ceiling = math.inf
-        self.rate = max(self.rate, self.peak * self.beta)
+        self.min_rate = max(self.min_rate, FLOOR)  # lowered by a quota under the floor
+        self.rate = max(self.min_rate, self.rate, self.peak * self.beta)
         return self
-
-    def learned(self) -> float | None:
-        """The pace to remember for the next run, None when not throttled in this run (a record only
-        restored ages out: a host whose limit rose is learned afresh). The plateau just under the last
-        refusal; in slow start, the last pace the server let through (the current one is untested)."""
-        if not self.cut_here or not self.last_cut or not self.rate:
-            return None
-        if self.starting:
-            pace = self.passed or self.rate
-        else:
-            pace = max(self.rate, self.peak)
-            if self.refused < math.inf:
-                pace = min(pace, max(self.rate, self.refused * MARGIN))
-        return max(self.min_rate, min(pace, self.ceiling))
-
-    def remembered(self, rate: float, now: float) -> None:
-        """Start at a pace a past run learned (the per-host memory): just under it, back to it
-        within seconds, then probing above it slowly. A pace that held to the end of one run
-        may sit at the very edge of a limiter with no tolerance; one refusal costs a cooldown
-        and a cut, a start x0.95 under it a twentieth of a few seconds."""
-        self.restored(rate, now)
-        self.rate = max(self.min_rate, self.peak * MARGIN)
-        self._regrow_from(math.inf, now)
-
-    def restored(self, rate: float, now: float) -> None:
-        """Resume at a rate saved with a paused job, probing above it only slowly."""
-        self.rate = max(self.min_rate, rate)
-        self.peak = self.rate
-        self.last_cut = self.resumed = now
-        self.window = 0.0
-        self.starting = False
-        self.passed = 0.0
-        self.scale, self.confirmed = STEADY_SCALE, 0
-        self.served, self.last = 0, None

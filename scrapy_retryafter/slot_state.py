@@ -11,6 +11,7 @@ from typing import Protocol
 from .backoff import Uniform
 from .breaker import CLOSED, OPEN, Breaker
 from .rate import RateController
+from .ratememory import restore_pace
 
 __all__ = ["Random", "SlotState", "next_release", "restored_state", "saved_state"]
 
@@ -94,7 +95,7 @@ def restored_state(state: SlotState, entry: dict[str, float | str], now: float, 
         breaker.restore(int(entry.get("breaker_consecutive", 0)), open_until)
     if "rate" in entry:
         state.pace = state.pace or RateController()
-        state.pace.restored(float(entry["rate"]), now)
+        restore_pace(state.pace, float(entry["rate"]), now)
     if "tokens" in entry:
         state.tokens = float(entry["tokens"])
     state.last_seen = now

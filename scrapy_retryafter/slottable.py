@@ -19,6 +19,7 @@ from .hostpause import HostPauses
 from .meter import Meter
 from .quota import QuotaWindows
 from .rate import RateController
+from .ratememory import learned_pace, remember_pace
 from .slot_state import SlotState, restored_state, saved_state
 
 __all__ = ["SlotTable"]
@@ -134,7 +135,7 @@ class SlotTable:
         """The pace each throttled slot was learned to take (for the per-host memory); none for the others."""
         paces = {}
         for slot, state in self._slots.items():
-            learned = state.pace.learned() if state.pace is not None else None
+            learned = learned_pace(state.pace) if state.pace is not None else None
             if learned is not None:
                 paces[slot] = learned
         return paces
@@ -147,7 +148,7 @@ class SlotTable:
             if state is None:
                 state = self._slots[slot] = SlotState()
             state.pace = RateController()
-            state.pace.remembered(rate, now)
+            remember_pace(state.pace, rate, now)
             state.last_seen = now
         return len(paces)
 

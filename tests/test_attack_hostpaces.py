@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from scrapy import Request
 
 from scrapy_retryafter.rate import FLOOR, RateController
+from scrapy_retryafter.ratememory import learned_pace, remember_pace
 from scrapy_retryafter.testing.server import HostConfig, ThrottlingServer
 
 from .conftest import ADDON, crawl
@@ -32,18 +33,18 @@ PAGES = 120
 def test_a_remembered_pace_never_throttled_is_not_learned_again(rate: float, successes: int, gap: float) -> None:
     pace = RateController()
     now = 100.0  # a monotonic clock is never 0 in a crawl (0 is learned()'s "never cut")
-    pace.remembered(rate, now)
+    remember_pace(pace, rate, now)
     for _ in range(successes):
         now += gap
         pace.succeeded(pace.rate, now)
-    assert pace.learned() is None, (pace.learned(), rate)
+    assert learned_pace(pace) is None, (learned_pace(pace), rate)
 
 
 def test_a_remembered_pace_throttled_again_is_learned() -> None:
     pace = RateController()
-    pace.remembered(20.0, 100.0)
+    remember_pace(pace, 20.0, 100.0)
     pace.throttled(19.0, 105.0)
-    assert pace.learned() is not None
+    assert learned_pace(pace) is not None
 
 
 async def crawl_once(park_file: Path, config: HostConfig) -> tuple[int, float, Any]:

@@ -13,6 +13,7 @@ from scrapy_retryafter.hostpaces import MAX_REMEMBERED, learned_records, seeded_
 from scrapy_retryafter.hostrecord import MAX_RATE, MIN_RATE
 from scrapy_retryafter.hoststate import HostMemory, HostRecord, Pace, Refusal
 from scrapy_retryafter.rate import FLOOR, MARGIN, STEADY_SCALE, RateController
+from scrapy_retryafter.ratememory import learned_pace
 from scrapy_retryafter.testing.clock import FakeClock
 
 WALL = 1_800_000_000.0
@@ -67,9 +68,9 @@ def test_the_next_run_starts_at_the_remembered_pace_without_slow_start_and_still
     clock.advance(20.0)
     fresh.succeeded("api.test")
     assert remembered < pace.rate < remembered * 1.1  # probing upward, slowly, in case the limit rose
-    assert pace.learned() is None  # not throttled here: the record stays as saved, and ages out
+    assert learned_pace(pace) is None  # not throttled here: the record stays as saved, and ages out
     pace.throttled(pace.rate, clock.now)
-    assert pace.learned() is not None  # throttled again: this run's plateau is saved in turn
+    assert learned_pace(pace) is not None  # throttled again: this run's plateau is saved in turn
 
 
 def test_a_refused_host_is_left_to_its_refusal():
@@ -138,5 +139,5 @@ def test_what_a_throttled_controller_would_save_is_under_the_refused_pace_unless
     pace.throttled(rate, 10.0)
     for second in range(11, 40):
         pace.succeeded(2 * rate, float(second))
-        learned = pace.learned()
+        learned = learned_pace(pace)
         assert learned is not None and pace.min_rate <= learned <= max(pace.rate, rate * MARGIN)

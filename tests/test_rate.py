@@ -15,17 +15,20 @@ from scrapy_retryafter.rate import (
     CONFIRMED_MOST,
     DOUBLING,
     DROP_GUARD,
+    FLOOR,
     HELD,
     MARGIN,
     PINNED,
     PROBE_COOLDOWN,
     PROBE_SCALE,
     RESTART,
+    START,
     STEADY_SCALE,
     RateController,
     doubling_step,
     step_pays,
 )
+from scrapy_retryafter.ratememory import learned_pace, remember_pace, restore_pace
 from scrapy_retryafter.testing.clock import FakeClock
 
 
@@ -474,7 +477,7 @@ def test_quotas_from_one_a_day_to_a_million_a_second_never_overflow(quota, event
         elif kind == "announce":
             pace.announced(quota)
         else:
-            pace.restored(quota, now)
+            restore_pace(pace, quota, now)
         assert 0.0 < pace.rate < float("inf")
         assert pace.rate <= max(pace.ceiling, pace.min_rate)
 
@@ -633,10 +636,10 @@ def test_with_few_requests_left_slow_start_rises_only_to_what_the_burst_got_thro
     pace = small_crawl_pace(left=9)
     assert pace.rate == pytest.approx(2.0 * MARGIN)  # not x2 (2.8/s): a refusal would cost more than it saves
     assert pace.starting and pace.passed == pytest.approx(1.4)  # the new pace is not tested yet
-    assert pace.learned() == pytest.approx(1.4)
+    assert learned_pace(pace) == pytest.approx(1.4)
     assert pace.succeeded(measured=2.0, now=14.4, left=lambda: 8) == pytest.approx(2.0 * MARGIN)
     assert pace.passed == pytest.approx(2.0 * MARGIN)  # it held
-    assert pace.learned() == pytest.approx(2.0 * MARGIN)  # what held is what the next run starts at
+    assert learned_pace(pace) == pytest.approx(2.0 * MARGIN)  # what held is what the next run starts at
 
 
 def test_a_rise_without_a_probe_refused_at_once_resumes_under_the_pace_before_it():
@@ -672,7 +675,7 @@ def test_the_count_of_requests_left_is_asked_only_when_slow_start_would_step_up(
         return 1000
 
     pace = RateController()
-    pace.restored(5.0, now=1.0)  # steady: cubic growth never asks
+    restore_pace(pace, 5.0, now=1.0)  # steady: cubic growth never asks
     for tick in range(5):
         pace.succeeded(measured=5.0, now=2.0 + tick, left=left)
     assert asked == []
@@ -728,7 +731,7 @@ def test_a_cut_adopted_with_the_cutter_s_plateau_regrows_to_it_and_a_refusal_the
     paces = {}
     for told in (True, False):
         pace = RateController()
-        pace.restored(9.5, 0.0)
+        restore_pace(pace, 9.5, 0.0)
         pace.adopted(7.0, 1.0, (9.5, True) if told else None)
         now = 1.0
         while now < 10.0:
@@ -777,3 +780,90 @@ def test_a_host_that_allows_one_request_a_second_is_paced_under_it():
     assert pace.rate == pytest.approx(0.95)
     assert pace.succeeded(1.0, 10.0) < 1.0  # the plateau holds under the limit
 
+
+
+def _back_to(pace: RateController, limit: float, now: float, cooldown: float = 1.25) -> float:
+    """Seconds until ``pace`` reaches 95 % of a strict ``limit`` (a sliding second), sending at its pace."""
+    start, sent, cool = now, [], 0.0
+    while now - start < 600.0:
+        if pace.rate >= 0.95 * limit:
+            return now - start
+        now = max(now + 1.0 / pace.rate, cool)
+        sent = [t for t in sent if t > now - 1.0]
+        if len(sent) >= limit:
+            pace.throttled(pace.rate, now)
+            cool = now + cooldown
+            pace.paused(cool, now)
+        else:
+            sent.append(now)
+            pace.succeeded(float(len(sent)), now)
+    return math.inf
+
+
+def test_a_pace_cut_to_the_floor_by_refusals_in_a_row_regrows_within_seconds():
+    """Cut after cut at once (a limit that dropped to nothing) ends at the floor, 0.2/s. Its growth
+    share was 0.2 / 4 there, so the limit's return to 20/s took 12.7 s to find; now 8.9 s."""
+    pace = RateController()
+    pace.throttled(0.0, 0.0)
+    for k in range(40):
+        pace.succeeded(20.0, 0.05 * k)
+    now = 2.0
+    while pace.rate > FLOOR:
+        pace.throttled(pace.rate, now)
+        pace.paused(now + PROBE_COOLDOWN, now)
+        now += PROBE_COOLDOWN + 0.05
+    assert pace.rate == FLOOR
+    assert _back_to(pace, 20.0, now) < 10.0
+
+
+def test_a_sparse_meter_and_one_stray_refusal_do_not_send_the_pace_to_the_floor():
+    """A success every 10 s reads 0.1/s: demand, not a limit. The limit-dropped rule stops at START."""
+    pace = RateController()
+    restore_pace(pace, 20.0, 0.0)
+    assert pace.throttled(0.1, DROP_GUARD + 5.0) == pytest.approx(START * pace.beta)
+    dropped = RateController()
+    restore_pace(dropped, 20.0, 0.0)
+    assert dropped.throttled(4.0, DROP_GUARD + 5.0) == pytest.approx(4.0 * dropped.beta)  # a real drop still cuts deep
+
+
+@given(st.sampled_from([0.0, -1.0, math.inf, -math.inf, math.nan]))
+def test_a_rate_that_is_not_positive_and_finite_leaves_the_pace_as_it_was(bad):
+    for setup in (lambda p: None, lambda p: restore_pace(p, 8.0, 0.0)):
+        pace = RateController()
+        setup(pace)
+        before = (pace.rate, pace.peak, pace.ceiling, pace.min_rate)
+        pace.announced(bad)
+        pace.adopted(bad, 1.0)
+        restore_pace(pace, bad, 1.0)
+        remember_pace(pace, bad, 1.0)
+        assert (pace.rate, pace.peak, pace.ceiling, pace.min_rate) == before
+        for now in (2.0, 3.0):
+            rate = pace.throttled(bad, now)
+            assert 0.0 < rate < math.inf and 0.0 < pace.peak < math.inf
+            assert 0.0 < pace.succeeded(bad, now + 5.0) < math.inf
+
+
+def test_a_saved_or_adopted_pace_never_passes_a_stated_quota():
+    pace = RateController()
+    pace.announced(5.0)
+    restore_pace(pace, 50.0, 0.0)
+    assert pace.rate == 5.0
+    remember_pace(pace, 50.0, 1.0)
+    assert pace.rate <= 5.0
+    pace.adopted(40.0, 2.0)
+    assert pace.rate <= 5.0
+
+
+def test_a_quota_under_the_floor_lowers_it_only_while_it_is_stated():
+    pace = RateController()
+    pace.announced(0.05)  # 3 a minute
+    pace.throttled(0.05, 1.0)
+    assert pace.rate == pytest.approx(0.05)  # the quota is the floor while stated
+    assert pace.unannounced() is pace
+    assert pace.min_rate == FLOOR and pace.rate >= FLOOR
+
+
+@pytest.mark.parametrize("beta, min_rate", [(0.0, FLOOR), (1.0, FLOOR), (-0.5, FLOOR), (0.7, 0.0), (0.7, math.nan)])
+def test_a_controller_that_could_not_cut_or_could_stop_is_refused(beta, min_rate):
+    with pytest.raises(ValueError, match="beta"):
+        RateController(beta=beta, min_rate=min_rate)
