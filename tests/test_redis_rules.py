@@ -1007,3 +1007,39 @@ def test_a_fleet_s_slow_start_is_cut_from_the_pace_of_the_refused_send_s_grant(f
     rate = board.throttled(SLOT, clock.now)
     assert rate == pytest.approx(12.0 * 0.7)
     assert pace.peak == pytest.approx(max(12.0 * 0.7, 9.0 * MARGIN))
+
+
+def test_a_slot_first_paced_by_the_fleet_s_cut_sends_at_a_granted_time_only(fleet, clock):
+    """Seven of eight processes, held until the fleet's first response, each sent a request the
+    moment its cooldown ended (no grant asked for): seven 429s, and seven cuts of the fleet's pace."""
+    board, exchange, heard = fleet
+    exchange_once(board, exchange, reply_of(cooldowns={SLOT: 2.5}))  # the fleet's first burst was refused
+    assert SLOT in board and board.rate(SLOT) is None
+    exchange_once(board, exchange, reply_of(rates=[(SLOT, 1.4, True, "other")]))
+    assert board.rate(SLOT) == pytest.approx(1.4)
+    clock.now += 2.6
+    waits_until = board.ready_at(SLOT, held=10)
+    assert waits_until > clock.now  # no send of its own at the cooldown's end
+    job = exchange_once(board, exchange, reply_of(grants={SLOT: [0.2]}))
+    assert job.claims and job.claims[0][0] == SLOT  # it asks the fleet for a time
+    assert board.ready_at(SLOT) == pytest.approx(clock.now + 0.2)
+
+
+def test_slow_start_goes_no_further_than_twice_what_the_fleet_sends(fleet, clock):
+    """Each process stepped on its own successes while the fleet sent at its slowest claim: paces of
+    36-81/s against 2/s sent, and a refusal of a lone fast claim's grants cut from the 2/s."""
+    board, exchange, _ = fleet
+    rate = board.throttled(SLOT, clock.now)
+    assert rate is not None
+    exchange_once(board, exchange, reply_of(paces={SLOT: 2.0}, grants={SLOT: [0.1]}))
+    clock.now += 3.0  # after the cooldown
+    for _ in range(20):
+        clock.now += 0.5
+        board.succeeded(SLOT)
+    pace = board._slots[SLOT].pace
+    assert pace is not None and pace.starting
+    assert pace.rate == pytest.approx(4.0)
+    exchange_once(board, exchange, reply_of(paces={SLOT: 4.0}, grants={SLOT: [0.1]}))
+    clock.now += 0.5
+    board.succeeded(SLOT)
+    assert pace.rate == pytest.approx(8.0)  # the fleet's pace rose: so may this one

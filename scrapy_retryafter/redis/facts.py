@@ -270,6 +270,11 @@ class FleetFacts(CooldownBoard):
             pace.rate = max(pace.min_rate, rate)
             if cut:
                 pace.last_cut = now  # the first burst's other cuts, and refusals of it here, are this event
+        if fresh and not self.lost and self.leases.next(slot) is None:
+            # Paced from now on, so it sends at granted times only. Left unset, its first send went at
+            # once: seven of eight processes, held until the fleet's first response, sent together at
+            # the end of its cooldown, were refused, and each cut the fleet's pace by beta once more.
+            state.next_paced = max(state.next_paced, max(now, state.cooldown_until) + self.grant_wait)
         self._published[slot] = pace.rate
         state.last_seen = now
 

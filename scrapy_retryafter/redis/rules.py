@@ -268,6 +268,13 @@ class FleetRules(FleetFacts):
         grown = self._grown.get(slot)
         if grown is not None and state is not None and state.pace is not None and state.pace.rate < grown:
             state.pace.rate = grown  # the fleet's growth since the last cut, not this process's share of it
+        fleet = self.leases.pace(slot)
+        if fleet and not self.lost and state is not None and state.pace is not None and state.pace.starting:
+            # Slow start steps per success, but the fleet sends at its slowest claim: paces of 36-81/s
+            # were claimed while the fleet sent 2/s, their lone claims' grants came 30 ms apart, and
+            # each refusal cut from the 2/s that was sent. At most double what the fleet sends, as
+            # growth out of slow start (RateController.succeeded).
+            state.pace.rate = min(state.pace.rate, max(2.0 * fleet, state.pace.min_rate))
         rate = self.rate(slot)
         if rate is not None and abs(rate - self._published.get(slot, 0.0)) > 0.01 * rate:
             self._published[slot] = rate
