@@ -10,7 +10,7 @@ from typing import Protocol
 
 from .backoff import Uniform
 from .breaker import CLOSED, OPEN, Breaker
-from .rate import RateController
+from .rate import RateController, usable
 from .ratememory import restore_pace
 
 __all__ = ["Random", "SlotState", "next_release", "restored_state", "saved_state"]
@@ -93,7 +93,7 @@ def restored_state(state: SlotState, entry: dict[str, float | str], now: float, 
             now + max(0.0, float(entry.get("breaker_open", 0.0)) - elapsed) if entry["breaker"] != CLOSED else None
         )
         breaker.restore(int(entry.get("breaker_consecutive", 0)), open_until)
-    if "rate" in entry:
+    if "rate" in entry and usable(float(entry["rate"])):  # a NaN or 0 saved: unpaced, learned again
         state.pace = state.pace or RateController()
         restore_pace(state.pace, float(entry["rate"]), now)
     if "tokens" in entry:

@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 
 from .meter import Meter
-from .rate import RateController
+from .rate import RateController, usable
 from .slot_state import SlotState
 from .slottable import SlotTable
 from .startsteps import sent_pace, stepped
@@ -91,6 +91,8 @@ class SlotPaces(SlotTable):
 
     def announce(self, slot: str, rate: float) -> None:
         """Pace ``slot`` at a rate its server announced (RateLimit-Policy)."""
+        if not usable(rate):
+            return
         state = self._slots.get(slot)
         if state is None:
             state = self._slots[slot] = SlotState()

@@ -18,7 +18,7 @@ from .failures import ConsecutiveFailures
 from .hostpause import HostPauses
 from .meter import Meter
 from .quota import QuotaWindows
-from .rate import RateController
+from .rate import RateController, usable
 from .ratememory import learned_pace, remember_pace
 from .slot_state import SlotState, restored_state, saved_state
 
@@ -144,6 +144,8 @@ class SlotTable:
         """Start each slot at a pace a past run learned (rate.RateController.remembered); how many."""
         now = self.clock()
         for slot, rate in paces.items():
+            if not usable(rate):
+                continue  # a paused pace of 0 divided the next send's interval by zero
             state = self._slots.get(slot)
             if state is None:
                 state = self._slots[slot] = SlotState()

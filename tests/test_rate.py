@@ -867,3 +867,18 @@ def test_a_quota_under_the_floor_lowers_it_only_while_it_is_stated():
 def test_a_controller_that_could_not_cut_or_could_stop_is_refused(beta, min_rate):
     with pytest.raises(ValueError, match="beta"):
         RateController(beta=beta, min_rate=min_rate)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.nan, math.inf])
+def test_a_saved_or_remembered_pace_that_is_not_a_rate_leaves_the_slot_unpaced_and_sending(bad):
+    """A JOBDIR state of {"rate": NaN} restored a pace of 0, and the next send divided by it."""
+    clock = FakeClock(10.0)
+    board = CooldownBoard(clock=clock)
+    board.restore({"h": {"rate": bad}})
+    board.remember_paces({"k": bad})
+    for slot in ("h", "k"):
+        board.ready_at(slot)
+        board.released(slot)
+        assert board.rate(slot) is None
+    board.announce("q", bad)
+    assert board.rate("q") is None

@@ -1043,3 +1043,17 @@ def test_slow_start_goes_no_further_than_twice_what_the_fleet_sends(fleet, clock
     clock.now += 0.5
     board.succeeded(SLOT)
     assert pace.rate == pytest.approx(8.0)  # the fleet's pace rose: so may this one
+
+
+def test_the_slow_start_bound_never_drags_a_pace_adopted_from_the_fleet_s_growth_down(fleet, clock):
+    """The last grant's pace may be stale (2/s) when the fleet's growth to 64/s is read: one success here
+    cut the pace to 4/s, and its claim paced the whole fleet at 4/s."""
+    board, exchange, _ = fleet
+    board.throttled(SLOT, clock.now)
+    exchange_once(board, exchange, reply_of(paces={SLOT: 2.0}, grants={SLOT: [0.1]}))
+    clock.now += 3.0
+    exchange_once(board, exchange, reply_of(rates=[(SLOT, 64.0, False, "other")]))
+    assert board.rate(SLOT) == pytest.approx(64.0)
+    clock.now += 0.5
+    board.succeeded(SLOT)
+    assert board.rate(SLOT) == pytest.approx(64.0)

@@ -271,18 +271,12 @@ class FleetFacts(CooldownBoard):
             if cut:
                 pace.last_cut = now  # the first burst's other cuts, and refusals of it here, are this event
         if fresh and not self.lost and self.leases.next(slot) is None:
-            # Paced from now on, so it sends at granted times only. Left unset, its first send went at
-            # once: seven of eight processes, held until the fleet's first response, sent together at
-            # the end of its cooldown, were refused, and each cut the fleet's pace by beta once more.
-            state.next_paced = max(state.next_paced, max(now, state.cooldown_until) + self.grant_wait)
+            _await_grant(state, now, self.grant_wait)
         self._published[slot] = pace.rate
         state.last_seen = now
 
     def _state(self, slot: str) -> SlotState:
-        state = self._slots.get(slot)
-        if state is None:
-            state = self._slots[slot] = SlotState()
-        return state
+        return self._slots.setdefault(slot, SlotState())
 
     def _pace_after_cooldown(self, slot: str) -> None:
         """Drop granted sends the cooldown overtook; start the fleet's paced senders apart."""
@@ -295,3 +289,9 @@ class FleetFacts(CooldownBoard):
                 spread = self.grant_wait  # the fleet's grant comes first: no send of its own
             state.next_paced = first if first is not None else state.cooldown_until + spread
 
+
+def _await_grant(state: SlotState, now: float, wait: float) -> None:
+    """A slot paced from now on sends at granted times only. Left unset, its first send went at once:
+    seven of eight processes, held until the fleet's first response, sent together at the end of its
+    cooldown, were refused, and each cut the fleet's pace by beta once more."""
+    state.next_paced = max(state.next_paced, max(now, state.cooldown_until) + wait)

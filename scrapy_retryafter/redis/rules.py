@@ -22,7 +22,7 @@ from typing import Any
 
 from ..board import SlotState, Throttle
 from ..breaker import HALF_OPEN
-from ..rate import MARGIN, STEADY_SCALE
+from ..rate import MARGIN, STEADY_SCALE, RateController
 from .facts import MET_MEMORY, FleetFacts
 from .script import MAX_RATE
 
@@ -263,18 +263,11 @@ class FleetRules(FleetFacts):
 
     def succeeded(self, slot: str, left: Callable[[], int | None] | None = None) -> bool:
         self._heard_from(slot)  # the middleware may have called ``success`` for it too: counted once
+        before = self.rate(slot) or 0.0
         sooner = super().succeeded(slot, left)
         state = self._slots.get(slot)
-        grown = self._grown.get(slot)
-        if grown is not None and state is not None and state.pace is not None and state.pace.rate < grown:
-            state.pace.rate = grown  # the fleet's growth since the last cut, not this process's share of it
-        fleet = self.leases.pace(slot)
-        if fleet and not self.lost and state is not None and state.pace is not None and state.pace.starting:
-            # Slow start steps per success, but the fleet sends at its slowest claim: paces of 36-81/s
-            # were claimed while the fleet sent 2/s, their lone claims' grants came 30 ms apart, and
-            # each refusal cut from the 2/s that was sent. At most double what the fleet sends, as
-            # growth out of slow start (RateController.succeeded).
-            state.pace.rate = min(state.pace.rate, max(2.0 * fleet, state.pace.min_rate))
+        if state is not None and state.pace is not None:
+            _follow_fleet(state.pace, before, None if self.lost else self.leases.pace(slot), self._grown.get(slot))
         rate = self.rate(slot)
         if rate is not None and abs(rate - self._published.get(slot, 0.0)) > 0.01 * rate:
             self._published[slot] = rate
@@ -286,3 +279,15 @@ class FleetRules(FleetFacts):
 
     def share(self, slot: str) -> float:
         return float(self._shares.get(slot, 1))
+
+
+def _follow_fleet(pace: RateController, before: float, fleet: float | None, grown: float | None) -> None:
+    """The pace is no lower than the fleet's growth since the last cut (``grown``), not this process's
+    share of it. Slow start steps per success, but the fleet sends at its slowest claim: paces of 36-81/s were
+    claimed while the fleet sent 2/s, their lone claims' grants came 30 ms apart, and each refusal cut
+    from the 2/s that was sent. A step goes no further than double the fleet's grant pace, as growth
+    out of slow start (RateController.succeeded); a pace adopted from the fleet's growth stays."""
+    if grown is not None and pace.rate < grown:
+        pace.rate = grown
+    if fleet and pace.starting:
+        pace.rate = min(pace.rate, max(2.0 * fleet, pace.min_rate, before, grown or 0.0))
