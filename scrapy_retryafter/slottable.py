@@ -141,18 +141,20 @@ class SlotTable:
         return paces
 
     def remember_paces(self, paces: dict[str, float]) -> int:
-        """Start each slot at a pace a past run learned (rate.RateController.remembered); how many."""
+        """Start each slot at a pace a past run learned (ratememory.remember_pace); how many."""
         now = self.clock()
+        count = 0
         for slot, rate in paces.items():
             if not usable(rate):
-                continue  # a paused pace of 0 divided the next send's interval by zero
+                continue  # a pace of 0 divided the next send's interval by zero
+            count += 1
             state = self._slots.get(slot)
             if state is None:
                 state = self._slots[slot] = SlotState()
             state.pace = RateController()
             remember_pace(state.pace, rate, now)
             state.last_seen = now
-        return len(paces)
+        return count
 
     def restore(self, saved: dict[str, dict[str, float | str]], elapsed: float = 0.0) -> int:
         """Load a snapshot taken ``elapsed`` seconds ago; return how many slots it restored."""

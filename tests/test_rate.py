@@ -875,7 +875,7 @@ def test_a_saved_or_remembered_pace_that_is_not_a_rate_leaves_the_slot_unpaced_a
     clock = FakeClock(10.0)
     board = CooldownBoard(clock=clock)
     board.restore({"h": {"rate": bad}})
-    board.remember_paces({"k": bad})
+    assert board.remember_paces({"k": bad}) == 0
     for slot in ("h", "k"):
         board.ready_at(slot)
         board.released(slot)
