@@ -9,7 +9,7 @@ and Retry-After: 2 (a 2 s penalty). The processes are one spider with one
 project directory, each crawling its share of the pages (``--pages`` in all,
 spread over the hosts); each parks in a file of its own. For every count of
 processes and hosts, the fleet runs with independent boards and then with the
-Redis board, both at once on hosts of their own, and the table gives:
+Redis board, both at once on hosts of their own (``--apart``: one after the other), and the table gives:
 pages fetched, pages/s and its fraction of the hosts' limit, responses 429
 (and those in the first second, before anyone knows the limit), and the time
 from the first request to the last page against the ideal (pages / limit),
@@ -74,8 +74,9 @@ def measure(server: ThrottlingServer, hosts: list[Host], members: list[Member], 
 
 
 async def side_by_side(pages: int, processes: int, hosts: int, redis_url: str, prefix: str,
-                       timeout: float, dump: Path | None = None) -> dict[str, dict[str, Any]]:
-    """The same fleet twice at once, on hosts of its own each: independent boards, and the Redis board."""
+                       timeout: float, dump: Path | None = None, apart: bool = False) -> dict[str, dict[str, Any]]:
+    """The same fleet twice, on hosts of its own each: independent boards, and the Redis board; at once,
+    or with ``apart`` one after the other (twice the processes at once share this machine's cores)."""
     server = ThrottlingServer()
     limited = {label: [server.add_host(HostConfig(rate=LIMIT, penalty=2.0)) for _ in range(hosts)] for label in BOARDS}
     server.start()
@@ -87,9 +88,13 @@ async def side_by_side(pages: int, processes: int, hosts: int, redis_url: str, p
         fleets[label] = [
             Member(name=f"{label[0]}{i}", urls=urls[i::processes], settings=settings) for i in range(processes)
         ]
-    await defer.gatherResults([
-        defer.ensureDeferred(run_fleet(members, timeout=timeout)) for members in fleets.values()
-    ])
+    if apart:
+        for members in fleets.values():
+            await run_fleet(members, timeout=timeout)
+    else:
+        await defer.gatherResults([
+            defer.ensureDeferred(run_fleet(members, timeout=timeout)) for members in fleets.values()
+        ])
     await server.stop()
     if dump is not None:
         for label, members in fleets.items():
@@ -112,7 +117,7 @@ async def main(args: argparse.Namespace) -> None:
                 for round_number in range(args.repeat):
                     prefix = f"bench-{hosts}-{processes}-{round_number}"
                     results = await side_by_side(args.pages, processes, hosts, redis.url, prefix, args.timeout,
-                                                 args.arrivals)
+                                                 args.arrivals, args.apart)
                     for label, result in results.items():
                         runs[label].append(result)
                         print(f"{hosts} host(s), {processes} processes, {label}: {result}", flush=True)
@@ -121,8 +126,8 @@ async def main(args: argparse.Namespace) -> None:
     finally:
         redis.kill()
     print()
-    print(f"{args.pages} pages, hosts at {LIMIT:g} requests/s each with no burst, Retry-After 2; both fleets at "
-          f"once on hosts of their own (medians of {args.repeat}; stopped after {args.timeout:g} s)")
+    print(f"{args.pages} pages, hosts at {LIMIT:g} requests/s each with no burst, Retry-After 2; "
+          f"{'one fleet after the other' if args.apart else 'both fleets at once'} on hosts of their own (medians of {args.repeat}; stopped after {args.timeout:g} s)")
     print("| hosts | processes | boards | pages | pages/s | of the limit | 429s | 429 % | 429s in 1st s "
           "| seconds | × ideal | silent s | chained 429s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -143,6 +148,7 @@ if __name__ == "__main__":
     parser.add_argument("--hosts", type=lambda text: [int(n) for n in text.split(",")], default=[1, 4])
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds a fleet may crawl")
+    parser.add_argument("--apart", action="store_true", help="run the two fleets one after the other, not at once")
     parser.add_argument("--arrivals", type=Path, default=None,
                         help="a directory to write each run's arrival log to (JSON lines: t, status, user-agent, path), "
                              "and each process's log")

@@ -65,6 +65,9 @@ APART = 0.25
 HELD = 3.0
 """Seconds a pinned pace held without a refusal before a refusal right after
 the next cooldown counts as a stray, not a drop (see ``throttled``)."""
+CLIMBED = 1.1
+"""A refused pace this far over the plateau, after SHORT seconds of sending, climbed there one success at
+a time: against a limit with no burst each pace on the way was let through (see ``throttled``)."""
 COUNTED = 8
 """Successes by which they must differ too: a stretch ends on a fraction of a
 token, so the rate is off by up to one success in this many."""
@@ -187,6 +190,7 @@ class RateController:
         base = self.rate or max(measured, min(START, self.ceiling) / self.beta)
         probed, confirmed, self.confirmed = self.scale == STEADY_SCALE, self.confirmed, 0
         hidden = self.sustained(now) if self.rate and now >= self.resumed else None
+        climbed = bool(self.rate) and now - self.resumed >= SHORT and base * MARGIN > CLIMBED * self.peak
         held = self.last is not None and self.last[1] >= HELD
         if self.rate and now >= self.resumed:
             self.last = (self.served, now - self.resumed, self.start)
@@ -199,6 +203,7 @@ class RateController:
             # means the limit itself dropped. Under START it counts demand, not a
             # limit: a success every 10 s and one stray 429 sent a 20/s pace to the floor.
             base = max(measured, min(base, START))
+            climbed = False
         leaving_start = self.starting and bool(self.rate)
         again = not self.starting and self.refused < math.inf and now - self.resumed < AGAIN
         if again and self.scale == STEADY_SCALE and held:
@@ -234,6 +239,11 @@ class RateController:
                 self.scale = STEADY_SCALE
         elif again:
             self.peak = self.rate = max(self.min_rate, base * self.beta * self.beta)
+        elif climbed:
+            # The pace climbed well past the plateau for seconds, every step let
+            # through: the limit is just under where it was refused, not a beta cut below.
+            self.peak = self.rate = max(self.min_rate, base * MARGIN)
+            self.scale = STEADY_SCALE
         else:
             self.rate = max(self.min_rate, base * self.beta)
             if self._at_peak(base):

@@ -12,6 +12,7 @@ from scrapy_retryafter.board import CooldownBoard
 from scrapy_retryafter.meter import BUCKET, Meter
 from scrapy_retryafter.rate import (
     AGAIN,
+    CLIMBED,
     CONFIRMED_MOST,
     DOUBLING,
     DROP_GUARD,
@@ -22,6 +23,7 @@ from scrapy_retryafter.rate import (
     PROBE_COOLDOWN,
     PROBE_SCALE,
     RESTART,
+    SHORT,
     START,
     STEADY_SCALE,
     RateController,
@@ -95,6 +97,36 @@ def test_leaving_slow_start_after_a_big_step_regrows_from_the_cut_to_the_pace_be
     cut = pace.throttled(measured=4.0, now=2.0)
     assert cut == pytest.approx(8.0 * 0.7)  # over the pace before the step (4.0 x MARGIN): a guess between the two
     assert pace.scale == PROBE_SCALE
+
+
+def _climbed_past_the_plateau(seconds: float) -> RateController:
+    """Slow start refused at 8/s after 4/s, then ``seconds`` of climbing above the 5.6/s it resumed at."""
+    pace = RateController()
+    pace.throttled(0.0, 0.0)
+    while pace.rate < 8.0:
+        pace.succeeded(0.0, 1.0)
+    pace.throttled(measured=4.0, now=2.0)
+    pace.paused(3.25, 2.0)
+    for tick in range(1, int(seconds * 10) + 1):
+        pace.succeeded(pace.rate, 3.25 + tick / 10)
+    return pace
+
+
+def test_a_pace_refused_after_seconds_of_climbing_past_the_plateau_resumes_just_under_it_pinned():
+    pace = _climbed_past_the_plateau(5.0)
+    climbed = pace.rate
+    assert climbed * MARGIN > CLIMBED * pace.peak  # every pace on the way up was let through
+    assert pace.throttled(climbed, 3.25 + 5.0) == pytest.approx(climbed * MARGIN)
+    assert pace.peak == pytest.approx(climbed * MARGIN)
+    assert pace.scale == STEADY_SCALE
+
+
+def test_a_pace_refused_within_seconds_of_sending_is_cut_by_beta_as_a_burst_may_have_hidden_the_limit():
+    pace = _climbed_past_the_plateau(5.0)
+    pace.rate = pace.peak * 1.3  # as far past the plateau, but refused before SHORT seconds of sending
+    refused = pace.rate
+    pace.resumed = 3.25 + 5.0 - (SHORT - 0.5)
+    assert pace.throttled(refused, 3.25 + 5.0) == pytest.approx(refused * 0.7)
 
 
 def test_a_guess_between_the_last_two_paces_of_slow_start_refused_at_once_is_no_drop():

@@ -555,16 +555,17 @@ def test_a_cut_with_a_bad_plateau_stands_without_it_and_the_plateau_is_counted(p
 def test_cooldowns_circuits_and_grants_read_from_redis_are_bounded():
     reply = read_reply(raw(
         changed=[b"a", b"1010", b"", b"b", b"inf", b"nan", b"c", b"", b"1005"],
-        leases=[b"a", b"0.1 0.2 garbage 1e9 nan", b"9.5", b"b", b"", b"nan", b"c", b"", b"-1",
-                b"d", b"", b"1e30", b"e", b"", b""],
+        leases=[b"a", b"0.1 0.2 garbage 1e9 nan", b"9.5", b"0.25", b"b", b"", b"nan", b"0", b"c", b"", b"-1", b"nan",
+                b"d", b"", b"1e30", b"1e9", b"e", b"", b"", b"garbage", b"f", b"", b"", b""],
         counts=[b"a", b"0", b"b", b"99999999"],
     ), horizon=0.3)
     assert reply.cooldowns == {"a": 10.0, "b": 0.0, "c": 0.0}
     assert reply.circuits == {"a": None, "b": None, "c": 5.0}
-    assert reply.grants == {"a": [0.1, 0.2], "b": [], "c": [], "d": [], "e": []}
+    assert reply.grants == {"a": [0.1, 0.2], "b": [], "c": [], "d": [], "e": [], "f": []}
     assert reply.paces == {"a": 9.5}  # a pace must be positive, finite and a rate
+    assert reply.gaps == {"a": 0.25}  # a gap must be positive, finite and at most an hour
     assert reply.counts == {"a": 1, "b": 10_000}
-    assert reply.invalid == 5 + 3
+    assert reply.invalid == 5 + 3 + 4
 
 
 @given(st.lists(st.binary(max_size=40), max_size=30).map(lambda items: items[: len(items) // 3 * 3]))

@@ -118,6 +118,8 @@ class Reply:
     """The pace (requests/s) the fleet granted each claimed slot's times at: the slowest its senders claim."""
     plateaus: dict[str, tuple[float, bool]] = field(default_factory=dict)
     """Per slot of a cut in ``rates`` or ``asked``: the plateau its cutter regrows to, and whether it is pinned down."""
+    gaps: dict[str, float] = field(default_factory=dict)
+    """Seconds from the fleet's last granted time before a claim's first one to it, per claimed slot."""
 
 
 @dataclass
@@ -165,14 +167,12 @@ def read_reply(raw: Any, horizon: float) -> Reply:
     texts += [item for pair in _pairs(opened) for item in (pair[0], "", pair[1])]
     for slot, cool, circuit in zip(texts[::3], texts[1::3], texts[2::3]):
         until = _seconds(cool, -math.inf, math.inf) if cool else None
-        if cool and until is None:
-            invalid += 1
+        invalid += bool(cool) and until is None
         if slot not in cooldowns or until is not None:
             cooldowns[slot] = max(0.0, until - now) if until is not None else 0.0
         if circuit:
             opened = _seconds(circuit, -math.inf, math.inf)
-            if opened is None:
-                invalid += 1
+            invalid += opened is None
             circuits[slot] = opened - now if opened is not None else None
         elif slot not in circuits:
             circuits[slot] = None
@@ -185,19 +185,19 @@ def read_reply(raw: Any, horizon: float) -> Reply:
     texts = [_text(item) for item in counts]
     read_counts = {slot: max(1, min(10_000, int(count))) for slot, count in zip(texts[::2], texts[1::2])}
     grants: dict[str, list[float]] = {}
-    paces: dict[str, float] = {}
+    paces, gaps = dict[str, float](), dict[str, float]()  # the fleet's pace, the gap before a claim's first time
     texts = [_text(item) for item in leases]
-    for slot, times, pace in zip(texts[::3], texts[1::3], texts[2::3]):
+    for slot, times, pace, gap in zip(texts[::4], texts[1::4], texts[2::4], texts[3::4]):
         offsets = [_seconds(offset, -1.0, 86400.0) for offset in times.split()]
         grants[slot] = [offset for offset in offsets if offset is not None]
         invalid += offsets.count(None)
-        fleet_pace = _seconds(pace, 0.0, MAX_RATE) if pace else None
-        if fleet_pace:
-            paces[slot] = fleet_pace
-        invalid += bool(pace) and not fleet_pace
+        for told, low, high, into in ((pace, 0.0, MAX_RATE, paces), (gap, 1.0 / MAX_RATE, 3600.0, gaps)):
+            value = _seconds(told, low, high) if told else None
+            into.update({slot: value} if value else {})
+            invalid += bool(told) and not value
     return Reply(cooldowns, circuits, read_rates, read_asked, read_counts, grants, bool(int(snapshot)),
                  bool(int(more)), invalid, cursor, now, [_text(slot) for slot in probes],
-                 {slot: max(-1, min(10_000, int(count))) for slot, count in _pairs(first)}, paces, plateaus)
+                 {slot: max(-1, min(10_000, int(count))) for slot, count in _pairs(first)}, paces, plateaus, gaps)
 
 
 def _pairs(flat: list[Any]) -> list[tuple[str, str]]:

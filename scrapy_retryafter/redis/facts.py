@@ -166,13 +166,14 @@ class FleetFacts(CooldownBoard):
                 self.leases.paced(slot, pace)
         replied = self.server_clock.local(reply.server_now, sent, got)
         for slot, offsets in reply.grants.items():
-            self._granted(slot, [replied + offset for offset in offsets], reply.paces.get(slot, 0.0))
+            self._granted(slot, [replied + offset for offset in offsets], reply.paces.get(slot, 0.0),
+                          reply.gaps.get(slot))
 
-    def _granted(self, slot: str, times: list[float], rate: float = 0.0) -> None:
+    def _granted(self, slot: str, times: list[float], rate: float = 0.0, gap: float | None = None) -> None:
         state = self._slots.get(slot)
         if state is None or state.pace is None or not times:
             return
-        first = self.leases.add(slot, times, state.cooldown_until, rate)
+        first = self.leases.add(slot, times, state.cooldown_until, rate, gap)
         if first is not None:
             sooner = first < state.next_paced
             state.next_paced = first

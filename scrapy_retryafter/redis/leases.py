@@ -40,7 +40,8 @@ class Leases:
     def __init__(self, refresh: float) -> None:
         self.refresh = refresh
         self._granted: dict[str, collections.deque[tuple[float, float, bool]]] = {}
-        """Granted send times, each with the fleet pace of its claim (0.0: not told) and whether it is the claim's first."""
+        """Granted send times, each with the fleet pace it was spaced at (0.0: not told) and whether that is
+        unknown: a claim's first time whose gap after the fleet's time before it was not told."""
         self._spent: dict[str, collections.deque[tuple[float, float, bool]]] = {}
         """The same, for the granted times this process last used, each at when it was used."""
         self._want: dict[str, tuple[int, float]] = {}
@@ -99,12 +100,18 @@ class Leases:
                 claims.append((slot, want, rate))
         return claims
 
-    def add(self, slot: str, times: list[float], not_before: float, rate: float = 0.0) -> float | None:
-        """Keep the granted ``times`` (spaced at the fleet's ``rate``) not inside the slot's cooldown; the slot's next one."""
+    def add(self, slot: str, times: list[float], not_before: float, rate: float = 0.0,
+            gap: float | None = None) -> float | None:
+        """Keep the granted ``times`` (spaced at the fleet's ``rate``, the first ``gap`` seconds after the
+        fleet's time before it) not inside the slot's cooldown; the slot's next one."""
         granted = self._granted.setdefault(slot, collections.deque())
         # A claim that crossed this process's own throttle on the way may fall inside the cooldown;
         # the grant at the cooldown's end may read a little before it (Redis time to local time).
-        granted.extend((max(t, not_before), rate, k == 0) for k, t in enumerate(times) if t >= not_before - SAME)
+        first = 1.0 / gap if gap else 0.0
+        granted.extend(
+            (max(t, not_before), first if k == 0 and first else rate, k == 0 and not first)
+            for k, t in enumerate(times) if t >= not_before - SAME
+        )
         if not granted:
             del self._granted[slot]
             return None
@@ -138,8 +145,10 @@ class Leases:
         """The fleet pace the send at ``sent_at`` went at (what a throttle refused), and the last slower one
         of the sends before it (else 0.0: what the limiter let through); None when that send used no grant.
 
-        A claim's first time follows the fleet's last one at the pace of the claim before (taken
-        as this process's claim before): the times of one claim are spaced at its pace.
+        The times of one claim are spaced at its pace, its first one by the gap Redis told after
+        the fleet's time before it. Without that gap, the first one's pace is taken as this
+        process's claim before: in a fleet of eight with a time per claim, that claim was eight
+        sends back and at half the pace, and slow start refused at 11/s was cut from 5.6.
         """
         spent = [entry for entry in self._spent.get(slot, ()) if entry[0] <= sent_at + USED]
         if not spent or sent_at - spent[-1][0] > SENDING_GAP:

@@ -93,9 +93,10 @@ for _ = 1, nclaims do
     if redis.call('EXISTS', key) == 1 then invalid = invalid + 1 end
     redis.call('DEL', key)
   end
-  if redis.call('HLEN', key) > PACERS + 2 then redis.call('DEL', key); invalid = invalid + 1 end
+  if redis.call('HLEN', key) > PACERS + 3 then redis.call('DEL', key); invalid = invalid + 1 end
   local after = num(redis.call('HGET', key, 'next')) or 0
   if after > now + 3600 then after = 0; invalid = invalid + 1 end
+  local last = num(redis.call('HGET', key, 'last'))
   local t = math.max(now + horizon / 3, after, num(redis.call('ZSCORE', KEYS[1], slot)) or 0)
   -- One pace for the fleet: the slowest its senders claimed within PACE_WINDOW s. A
   -- process that grew past the others (or has not heard of a cut yet) sends no
@@ -109,7 +110,7 @@ for _ = 1, nclaims do
     local fields = redis.call('HGETALL', key)
     for f = 1, #fields, 2 do
       local name = fields[f]
-      if name ~= 'next' and name ~= 'slot' then
+      if name ~= 'next' and name ~= 'last' and name ~= 'slot' then
         local r, at = string.match(fields[f + 1], '^(%S+) (%S+)$')
         r, at = num(r), num(at)
         if string.sub(name, 1, 5) ~= 'pace:' or r == nil or at == nil or r <= 0 or r > MAX_RATE then
@@ -122,19 +123,25 @@ for _ = 1, nclaims do
       end
     end
   end
-  local granted = {}
+  -- The first time's gap after the fleet's last one (another process's, most often): the
+  -- pace it was sent at, which a claim's own rate does not say when the fleet's pace changed.
+  local granted, gap = {}, ''
   if rate ~= nil and t <= now + 86400 then
     for n = 1, want do
       if n > 1 and t > now + horizon then break end
+      if n == 1 and last ~= nil and last < t and t - last <= 3600 then gap = string.format('%.6f', t - last) end
       granted[#granted + 1] = string.format('%.6f', t - now)
+      last = t
       t = t + 1 / rate
     end
     redis.call('HSET', key, 'next', string.format('%.6f', t), 'slot', slot)
+    if last ~= nil then redis.call('HSET', key, 'last', string.format('%.6f', last)) end
     redis.call('EXPIRE', key, 60)
   end
   leases[#leases + 1] = slot
   leases[#leases + 1] = table.concat(granted, ' ')
   leases[#leases + 1] = rate and string.format('%.17g', rate) or ''
+  leases[#leases + 1] = gap
   i = i + 4
 end
 local asked = {}
