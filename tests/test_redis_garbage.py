@@ -263,3 +263,42 @@ async def test_a_crawl_under_a_cooldown_of_a_day_from_another_spider_parks_inste
     records = [json.loads(line) for line in Path(park_file).read_text().splitlines()]
     assert len(records) == 5  # nothing lost: every request is parked until the fleet's time
     assert crawler.stats.get_value("retry_after/redis/remote_over_cap") == 1
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "garbage", "1e300", "-1e300", "x" * 10_000])
+def test_a_garbage_last_time_in_a_lease_is_counted_and_tells_no_gap(redis_server, prefix, value):
+    key = f"{prefix}:slot:lease:{slot_key(SLOT)}"
+    redis_server.client().hset(key, "last", value)
+    b = board(redis_server.url, prefix)
+    try:
+        b.throttled(SLOT, b.clock())
+        b._slots[SLOT].pace.rate = 20.0
+        b.released(SLOT)
+        b.ready_at(SLOT, 5)
+        assert b.sync() and b.sync()
+        assert sum(b.invalid) == 1
+        assert b.leases.times(SLOT)
+        assert len(redis_server.client().hget(key, "last") or "") < 40  # the last time granted, not the garbage
+    finally:
+        b.stop()
+
+
+def test_a_time_after_an_idle_spell_tells_no_gap(redis_server, prefix):
+    """A gap that counts an idle spell or a cooldown is no pace: 1/30 s would have cut slow start to the floor."""
+    a = board(redis_server.url, prefix)
+    try:
+        a.throttled(SLOT, sent_at=a.clock())
+        a._slots[SLOT].pace.rate = 20.0
+        a.ready_at(SLOT, held=1)
+        assert a.sync()
+        first = a.leases.times(SLOT)[0]
+        a.leases.used(SLOT, first)
+        time.sleep(1.0)  # the fleet's schedule runs free
+        a.ready_at(SLOT, held=1)
+        assert a.sync()
+        later = a.leases.times(SLOT)[0]
+        a.leases.used(SLOT, later)
+        refused, _ = a.leases.spaced(SLOT, later)
+        assert refused == pytest.approx(20.0)  # the claim's pace, not 1 / (a second)
+    finally:
+        a.stop()

@@ -96,7 +96,9 @@ for _ = 1, nclaims do
   if redis.call('HLEN', key) > PACERS + 3 then redis.call('DEL', key); invalid = invalid + 1 end
   local after = num(redis.call('HGET', key, 'next')) or 0
   if after > now + 3600 then after = 0; invalid = invalid + 1 end
-  local last = num(redis.call('HGET', key, 'last'))
+  local told_last = redis.call('HGET', key, 'last')
+  local last = num(told_last)
+  if told_last and (last == nil or math.abs(last - now) > 3600) then last = nil; invalid = invalid + 1 end
   local t = math.max(now + horizon / 3, after, num(redis.call('ZSCORE', KEYS[1], slot)) or 0)
   -- One pace for the fleet: the slowest its senders claimed within PACE_WINDOW s. A
   -- process that grew past the others (or has not heard of a cut yet) sends no
@@ -125,17 +127,18 @@ for _ = 1, nclaims do
   end
   -- The first time's gap after the fleet's last one (another process's, most often): the
   -- pace it was sent at, which a claim's own rate does not say when the fleet's pace changed.
+  -- Only when it follows that one directly: after an idle spell or a cooldown it says nothing.
   local granted, gap = {}, ''
   if rate ~= nil and t <= now + 86400 then
     for n = 1, want do
       if n > 1 and t > now + horizon then break end
-      if n == 1 and last ~= nil and last < t and t - last <= 3600 then gap = string.format('%.6f', t - last) end
+      if n == 1 and last ~= nil and last < t and t == after then gap = string.format('%.6f', t - last) end
       granted[#granted + 1] = string.format('%.6f', t - now)
       last = t
       t = t + 1 / rate
     end
     redis.call('HSET', key, 'next', string.format('%.6f', t), 'slot', slot)
-    if last ~= nil then redis.call('HSET', key, 'last', string.format('%.6f', last)) end
+    if #granted > 0 then redis.call('HSET', key, 'last', string.format('%.6f', last)) end
     redis.call('EXPIRE', key, 60)
   end
   leases[#leases + 1] = slot
