@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_twisted
@@ -173,6 +174,17 @@ def test_per_slot_keys_of_the_wrong_type_or_value_are_replaced_and_counted(redis
         b.stop()
 
 
+def claimed_once(redis_server: Any, prefix: str, rate: float) -> tuple[RedisBoard, int]:
+    """A board paced at ``rate`` that claimed send times twice; (the board, garbage counted). Stop it."""
+    b = board(redis_server.url, prefix)
+    b.throttled(SLOT, b.clock())
+    b._slots[SLOT].pace.rate = rate
+    b.released(SLOT)
+    b.ready_at(SLOT, 5)
+    assert b.sync() and b.sync()
+    return b, sum(b.invalid)
+
+
 @pytest.mark.parametrize("field, value", [
     ("pace:other", "nan 5"), ("pace:other", "inf 1"), ("pace:other", "-3 1"), ("pace:other", "0 1"),
     ("pace:other", "1e400 1"), ("pace:other", "garbage"), ("pace:other", ""), ("pace:other", "0.5"),
@@ -182,14 +194,9 @@ def test_a_garbage_pace_in_a_lease_is_dropped_counted_and_never_slows_the_fleet(
     key = f"{prefix}:slot:lease:{slot_key(SLOT)}"
     client = redis_server.client()
     client.hset(key, field, value)
-    b = board(redis_server.url, prefix)
+    b, invalid = claimed_once(redis_server, prefix, 20.0)
     try:
-        b.throttled(SLOT, b.clock())
-        b._slots[SLOT].pace.rate = 20.0
-        b.released(SLOT)
-        b.ready_at(SLOT, 5)
-        assert b.sync() and b.sync()
-        assert sum(b.invalid) == 1
+        assert invalid == 1
         assert b.leases.pace(SLOT) == pytest.approx(20.0)
         assert field not in client.hgetall(key)
     finally:
@@ -197,14 +204,9 @@ def test_a_garbage_pace_in_a_lease_is_dropped_counted_and_never_slows_the_fleet(
 
 
 def test_a_pace_of_a_few_requests_a_year_is_a_pace_not_garbage(redis_server, prefix):
-    b = board(redis_server.url, prefix)
+    b, invalid = claimed_once(redis_server, prefix, 1e-7)
     try:
-        b.throttled(SLOT, b.clock())
-        b._slots[SLOT].pace.rate = 1e-7
-        b.released(SLOT)
-        b.ready_at(SLOT, 5)
-        assert b.sync() and b.sync()
-        assert sum(b.invalid) == 0
+        assert invalid == 0
         assert b.leases.pace(SLOT) == pytest.approx(1e-7)
     finally:
         b.stop()
@@ -269,14 +271,9 @@ async def test_a_crawl_under_a_cooldown_of_a_day_from_another_spider_parks_inste
 def test_a_garbage_last_time_in_a_lease_is_counted_and_tells_no_gap(redis_server, prefix, value):
     key = f"{prefix}:slot:lease:{slot_key(SLOT)}"
     redis_server.client().hset(key, "last", value)
-    b = board(redis_server.url, prefix)
+    b, invalid = claimed_once(redis_server, prefix, 20.0)
     try:
-        b.throttled(SLOT, b.clock())
-        b._slots[SLOT].pace.rate = 20.0
-        b.released(SLOT)
-        b.ready_at(SLOT, 5)
-        assert b.sync() and b.sync()
-        assert sum(b.invalid) == 1
+        assert invalid == 1
         assert b.leases.times(SLOT)
         assert len(redis_server.client().hget(key, "last") or "") < 40  # the last time granted, not the garbage
     finally:
