@@ -78,6 +78,9 @@ a probe every 30 s cost 8 % of the crawl; a limit that rises is still found, wit
 SHORT = 3.0
 """Seconds: a pace far above the rate spends a burst of a second or two's worth within this; a
 longer stretch ran near the rate and let tokens go to waste, so what it served says nothing."""
+REGROWTH_MOST = 86_400.0
+"""Seconds of regrowth the cubic counts at most: past a day it is at any ceiling, and a clock read as
+1e120 raised OverflowError."""
 
 
 def growth(peak: float) -> float:
@@ -281,18 +284,20 @@ class RateController:
         self.window = (max(self.peak - self.rate, 0.0) / (SCALE * growth(self.peak))) ** (1 / 3)
         self.last_cut = self.resumed = now
 
-    def adopted(self, rate: float, now: float, plateau: tuple[float, bool] | None = None) -> None:
+    def adopted(self, rate: float, now: float, plateau: tuple[float, bool, float] | None = None) -> None:
         """Another process cut the fleet's pace to ``rate`` (no throttle here: counted as one, the processes cut
-        each other to the floor). With the cutter's ``plateau`` (peak, pinned?) it regrows as the cutter does,
-        else the next refusal here (they take turns) was never "at the peak" and probed fast. Without, the cut
-        is the plateau: regrowing toward ``rate / beta``, the fleet was refused again after the cooldown."""
+        each other to the floor). With the cutter's ``plateau`` (peak, pinned?, passed) it regrows as the cutter
+        does, else the next refusal here (they take turns) was never "at the peak" and probed fast. Without, the
+        cut is the plateau: regrowing toward ``rate / beta``, the fleet was refused again after the cooldown.
+        The pace slow start passed goes too: slow start's exit refused at once here was cut by beta twice
+        (10.9 to 5.3 of a limit of 10), not resumed under the pace passed."""
         if not usable(rate):
             return
         rate = min(rate, self.ceiling)
         paused = self.resumed
         base = rate / self.beta
         self.starting = False
-        self.passed = 0.0
+        self.passed = plateau[2] if plateau and 0.0 < plateau[2] < rate else 0.0
         pinned = plateau[1] if plateau else self._at_peak(base) or abs(rate - self.peak) <= 0.1 * self.peak
         self.rate = max(self.min_rate, rate)
         # Bounded: a cut by beta regrows to at most just under the pace it cut, rate / beta.
@@ -307,7 +312,7 @@ class RateController:
     def paused(self, until: float, now: float) -> None:
         """The slot sends nothing until ``until`` (a cooldown): regrowth waits for it."""
         self.resumed = max(self.resumed, until)
-        self.stretch = max(1.0, (until - now) / PROBE_COOLDOWN)
+        self.stretch = min(max(1.0, (until - now) / PROBE_COOLDOWN), REGROWTH_MOST / PROBE_COOLDOWN)
 
     def succeeded(self, measured: float, now: float, left: Callable[[], float | None] | None = None) -> float:
         """Grow back: slowly near the last peak, faster once past it.
@@ -336,7 +341,7 @@ class RateController:
                 self.passed = self.rate
             self.rate = grown
             return self.rate
-        since = max(0.0, now - self.resumed) - self.window
+        since = min(max(0.0, now - self.resumed) - self.window, REGROWTH_MOST)
         scale = SCALE if since < 0 else self.scale / (self.stretch * 2**self.confirmed) ** 3
         cubic = scale * growth(self.peak) * since**3 + self.peak
         # At most double what the slot really sends, so an idle slot's pace does not run away.

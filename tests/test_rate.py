@@ -514,6 +514,23 @@ def test_quotas_from_one_a_day_to_a_million_a_second_never_overflow(quota, event
         assert pace.rate <= max(pace.ceiling, pace.min_rate)
 
 
+@example([("ok", 1e120), ("ok", 1e120)])
+@example([("pause", 1e300), ("ok", 1.0)])
+@given(st.lists(st.tuples(st.sampled_from(["ok", "429", "pause"]), st.floats(0.0, 1e300)), max_size=20))
+def test_clocks_and_cooldowns_of_any_size_never_overflow(events):
+    """A clock read as 1e120, or a cooldown until 1e300, once raised OverflowError out of the cubic."""
+    pace = RateController()
+    pace.throttled(0.0, 0.0)
+    for kind, when in events:
+        if kind == "ok":
+            pace.succeeded(1.0, when)
+        elif kind == "429":
+            pace.throttled(1.0, when)
+        else:
+            pace.paused(when, 0.0)
+        assert 0.0 < pace.rate < math.inf
+
+
 class Recording(RateController):
     """A controller that keeps what each throttle read as the rate a burst hid."""
 
@@ -764,7 +781,7 @@ def test_a_cut_adopted_with_the_cutter_s_plateau_regrows_to_it_and_a_refusal_the
     for told in (True, False):
         pace = RateController()
         restore_pace(pace, 9.5, 0.0)
-        pace.adopted(7.0, 1.0, (9.5, True) if told else None)
+        pace.adopted(7.0, 1.0, (9.5, True, 0.0) if told else None)
         now = 1.0
         while now < 10.0:
             now += 0.1
@@ -777,7 +794,19 @@ def test_a_cut_adopted_with_the_cutter_s_plateau_regrows_to_it_and_a_refusal_the
     assert paces[False].rate < 7.0 * 1.05  # untold: the cut is the plateau
 
 
-@pytest.mark.parametrize(("plateau", "peak"), [((1e9, False), 7.0 / 0.7 * MARGIN), ((0.5, True), 7.0)])
+@pytest.mark.parametrize(("passed", "resumed"), [(9.19, 9.19 * MARGIN), (0.0, 10.87 * 0.7 * 0.7)])
+def test_slow_start_s_exit_adopted_and_refused_at_once_resumes_under_the_pace_it_passed(passed, resumed):
+    """A fleet of eight: one process left slow start refused at 15.5 having passed 9.2, and cut to 10.9,
+    over the limit of 10. Another, whose send was refused right after the cooldown, cut by beta twice
+    (5.3), and the fleet crept back from there for half a minute."""
+    pace = RateController()
+    pace.adopted(10.87, 1.0, (10.87, False, passed))
+    pace.paused(3.5, 1.0)
+    pace.throttled(10.0, 3.6)
+    assert pace.rate == pytest.approx(resumed)
+
+
+@pytest.mark.parametrize(("plateau", "peak"), [((1e9, False, 0.0), 7.0 / 0.7 * MARGIN), ((0.5, True, 0.0), 7.0)])
 def test_an_adopted_plateau_lies_between_the_cut_and_just_under_the_pace_it_cut_from(plateau, peak):
     pace = RateController()
     pace.adopted(7.0, 0.0, plateau)

@@ -161,7 +161,7 @@ def test_the_fleet_grants_send_times_at_the_slowest_pace_its_senders_claim(pair,
     assert gaps and max(gaps) == pytest.approx(0.025, abs=0.005)
 
 
-def test_a_claim_s_first_time_is_told_at_the_pace_of_its_gap_after_the_fleet_s_last_one(pair):
+def test_a_claim_s_first_time_is_one_fleet_interval_from_every_booked_time_and_told_at_that_pace(pair):
     """Each process of a big fleet gets a time per claim, after another process's: its claim's own rate does
     not say how close it came to that one (slow start refused at 11/s was cut from this process's 5.6)."""
     a, b = pair
@@ -176,10 +176,39 @@ def test_a_claim_s_first_time_is_told_at_the_pace_of_its_gap_after_the_fleet_s_l
     a.ready_at(SLOT, held=1)
     assert a.sync()
     (first,) = a.leases.times(SLOT)[:1]
-    assert first - b_times[-1] == pytest.approx(0.025, abs=0.005)  # b's pace spaced it from b's last time
+    assert first - b_times[-1] == pytest.approx(0.1, abs=0.005)  # the slowest claim spaces it from b's times
     a.leases.used(SLOT, first)
     refused, _ = a.leases.spaced(SLOT, first)
-    assert refused == pytest.approx(40.0, rel=0.01)
+    assert refused == pytest.approx(10.0, rel=0.01)
+
+
+def test_a_pace_that_rose_is_granted_between_the_times_booked_at_the_old_one(redis_server, prefix):
+    """Eight processes holding a time each at 1.4/s held a doubled pace back 5.7 s: the new one fits between."""
+    a = board(redis_server.url, prefix)
+    try:
+        a.throttled(SLOT, sent_at=a.clock())
+        pace = a._slots[SLOT].pace
+        pace.rate = 5.0
+        a.ready_at(SLOT, held=1)
+        assert a.sync()
+        a.ready_at(SLOT, held=2)
+        assert a.sync()
+        early, late = a.leases.times(SLOT)
+        assert late - early == pytest.approx(0.2, abs=0.002)
+        pace.rate = 10.0
+        a.ready_at(SLOT, held=3)
+        assert a.sync()
+        times = a.leases.times(SLOT)
+        assert len(times) == 3
+        between = times[1]
+        assert early < between < late
+        assert between - early == pytest.approx(0.1, abs=0.002)
+        a.leases.used(SLOT, early)
+        a.leases.used(SLOT, between)
+        refused, _ = a.leases.spaced(SLOT, between)
+        assert refused == pytest.approx(10.0, rel=0.01)
+    finally:
+        a.stop()
 
 
 def test_a_send_time_granted_before_the_one_the_slot_waits_for_makes_the_queue_look_again(redis_server, prefix):

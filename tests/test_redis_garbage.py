@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -158,7 +159,7 @@ def test_per_slot_keys_of_the_wrong_type_or_value_are_replaced_and_counted(redis
     client = redis_server.client()
     client.set(f"{prefix}:slot:lease:{slot_key(SLOT)}", "garbage")
     client.rpush(f"{prefix}:slot:senders:{slot_key(SLOT)}", "garbage")
-    client.hset(f"{prefix}:slot:lease:{slot_key('late.example')}", "next", "1e300")
+    client.hset(f"{prefix}:slot:lease:{slot_key('late.example')}", "booked", "1e300")
     b = board(redis_server.url, prefix)
     try:
         for slot in (SLOT, "late.example"):
@@ -267,15 +268,23 @@ async def test_a_crawl_under_a_cooldown_of_a_day_from_another_spider_parks_inste
     assert crawler.stats.get_value("retry_after/redis/remote_over_cap") == 1
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "garbage", "1e300", "-1e300", "x" * 10_000])
-def test_a_garbage_last_time_in_a_lease_is_counted_and_tells_no_gap(redis_server, prefix, value):
+@pytest.mark.parametrize(("field", "value"), [
+    *(("booked", value) for value in ("nan", "inf", "garbage", "1e300", "1 x 2", "x" * 10_000)),
+    ("booked", "3 2 1"),  # not in order
+    ("booked", " ".join(["1"] * 257)),  # more than the fleet books
+    *(("floor", value) for value in ("nan", "inf", "garbage", "1e300", "x" * 10_000)),
+])
+def test_garbage_booked_times_in_a_lease_are_counted_and_replaced(redis_server, prefix, field, value):
     key = f"{prefix}:slot:lease:{slot_key(SLOT)}"
-    redis_server.client().hset(key, "last", value)
+    redis_server.client().hset(key, field, value)
     b, invalid = claimed_once(redis_server, prefix, 20.0)
     try:
         assert invalid == 1
-        assert b.leases.times(SLOT)
-        assert len(redis_server.client().hget(key, "last") or "") < 40  # the last time granted, not the garbage
+        (granted,) = b.leases.times(SLOT)[:1]
+        assert granted < b.clock() + 2  # a grant came, not one a day away
+        lease = redis_server.client().hgetall(key)
+        for told in (lease["booked"].split(), [lease["floor"]]):
+            assert all(math.isfinite(float(time_)) for time_ in told)  # what the fleet granted, not the garbage
     finally:
         b.stop()
 

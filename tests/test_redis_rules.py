@@ -17,6 +17,7 @@ from scrapy_retryafter.redis.board import RedisBoard
 from scrapy_retryafter.redis.contact import CONTACT_WAIT, HEARD_FOR, SETTLE, FirstContact
 from scrapy_retryafter.redis.exchange import Answer, Job, Reply, read_reply
 from scrapy_retryafter.redis.leases import Leases, ServerClock
+from scrapy_retryafter.redis.ratewire import rate_value
 from scrapy_retryafter.redisconfig import RedisConfig
 
 SLOT = "shop.example"
@@ -540,7 +541,7 @@ def test_a_cut_s_plateau_is_read_with_it_and_a_growth_has_none():
     reply = read_reply(raw(rates=[b"a", b"2.5:pin@3.25 proc", b"999.1", b"b", b"2.5:cut@3 proc", b"999.2",
                                   b"c", b"2.5:cut proc", b"999.3", b"d", b"2.5:grow@3 proc", b"999.4"]), horizon=0.3)
     assert [(slot, cut) for slot, _, cut, _ in reply.rates] == [("a", True), ("b", True), ("c", True), ("d", False)]
-    assert reply.plateaus == {"a": (3.25, True), "b": (3.0, False)}  # a growth's plateau says nothing
+    assert reply.plateaus == {"a": (3.25, True, 0.0), "b": (3.0, False, 0.0)}  # a growth's plateau says nothing
     assert reply.invalid == 0
 
 
@@ -550,6 +551,28 @@ def test_a_cut_with_a_bad_plateau_stands_without_it_and_the_plateau_is_counted(p
     reply = read_reply(raw(rates=[b"s", b"2.5:pin@" + plateau + b" proc", b"999.5"]), horizon=0.3)
     assert [(slot, rate, cut) for slot, rate, cut, _ in reply.rates] == [("s", 2.5, True)]
     assert reply.plateaus == {} and reply.invalid == 1
+
+
+@pytest.mark.parametrize(("passed", "told", "invalid"), [
+    (b"~2.25", 2.25, 0), (b"", 0.0, 0),
+    *((bad, 0.0, 1) for bad in (b"~2.5", b"~3", b"~0", b"~1e400", b"~nan")),  # not under the cut, or no pace
+])
+def test_slow_start_s_last_pace_passed_is_read_with_a_cut_and_bounded(passed, told, invalid):
+    reply = read_reply(raw(rates=[b"s", b"2.5:cut@3" + passed + b" proc", b"999.5"]), horizon=0.3)
+    if passed == b"~nan":
+        assert reply.rates == [] and reply.invalid == 1  # not a rate the fleet writes
+        return
+    assert [(slot, rate, cut) for slot, rate, cut, _ in reply.rates] == [("s", 2.5, True)]
+    assert reply.plateaus == {"s": (3.0, False, told)}
+    assert reply.invalid == invalid
+
+
+def test_a_rate_written_is_read_back_as_it_was_told():
+    for value, plateau in ((rate_value(4.5, "cut", 6.0, 3.0), (6.0, False, 3.0)),
+                           (rate_value(4.5, "pin", 4.75), (4.75, True, 0.0)), (rate_value(4.5, "grow"), None)):
+        reply = read_reply(raw(rates=[b"s", (value + " proc").encode(), b"999.5"]), horizon=0.3)
+        assert [(slot, rate) for slot, rate, _, _ in reply.rates] == [("s", 4.5)]
+        assert reply.plateaus.get("s") == plateau and reply.invalid == 0
 
 
 def test_cooldowns_circuits_and_grants_read_from_redis_are_bounded():

@@ -19,7 +19,6 @@ import collections
 import hashlib
 import math
 import queue
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from typing import Any
 
 from ..redisconfig import RedisConfig
 from .outage import BACKOFF_MAX, Outage
+from .ratewire import Rate, bounded, read_rates, text
 from .script import EXCHANGE, MAX_RATE, PAGE
 
 __all__ = ["Answer", "Job", "Reply", "RedisBoardUnavailable", "RedisExchange", "read_reply", "slot_key"]
@@ -69,7 +69,6 @@ def redis_client(config: RedisConfig) -> Any:
 
 
 Writes = dict[tuple[str, str], str]
-Rate = tuple[str, float, bool, str]
 
 
 @dataclass
@@ -116,8 +115,9 @@ class Reply:
     """First-contact sends granted per slot asked; -1: the fleet has heard from the host."""
     paces: dict[str, float] = field(default_factory=dict)
     """The pace (requests/s) the fleet granted each claimed slot's times at: the slowest its senders claim."""
-    plateaus: dict[str, tuple[float, bool]] = field(default_factory=dict)
-    """Per slot of a cut in ``rates`` or ``asked``: the plateau its cutter regrows to, and whether it is pinned down."""
+    plateaus: dict[str, tuple[float, bool, float]] = field(default_factory=dict)
+    """Per slot of a cut in ``rates`` or ``asked``: the plateau its cutter regrows to, whether it is pinned down,
+    and the pace slow start last passed when the cut was its exit (else 0.0)."""
     gaps: dict[str, float] = field(default_factory=dict)
     """Seconds from the fleet's last granted time before a claim's first one to it, per claimed slot."""
 
@@ -134,99 +134,55 @@ class Answer:
     """This reply ended an outage of that many seconds."""
 
 
-_RATE = re.compile(r"^([0-9][0-9.eE+-]{0,30}):(cut|pin|grow)(?:@([0-9][0-9.eE+-]{0,30}))? (\S{1,200})$")
-
-
-def _text(item: Any) -> str:
-    if not isinstance(item, bytes):
-        return str(item)
-    try:
-        return item.decode("utf-8", "surrogatepass")  # a slot name sent with a lone surrogate comes back as itself
-    except UnicodeDecodeError:
-        return item.decode("utf-8", "replace")
-
-
-def _seconds(raw: str, low: float, high: float) -> float | None:
-    try:
-        value = float(raw)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and low <= value <= high else None
-
-
 def read_reply(raw: Any, horizon: float) -> Reply:
     """Check every value of the script's answer: garbage is counted and left out, never raised."""
     changed, rates, counts, leases, server_now, snapshot, more, invalid, asked, cooling, opened, *rest = raw
     since, probes, first = rest[:2], rest[2], rest[3]
     invalid = int(invalid)
-    now = float(_text(server_now))
-    texts = [_text(item) for item in changed]
+    now = float(text(server_now))
+    texts = [text(item) for item in changed]
     cooldowns: dict[str, float] = {}
     circuits: dict[str, float | None] = {}
     texts += [item for pair in _pairs(cooling) for item in (pair[0], pair[1], "")]
     texts += [item for pair in _pairs(opened) for item in (pair[0], "", pair[1])]
     for slot, cool, circuit in zip(texts[::3], texts[1::3], texts[2::3]):
-        until = _seconds(cool, -math.inf, math.inf) if cool else None
+        until = bounded(cool, -math.inf, math.inf) if cool else None
         invalid += bool(cool) and until is None
         if slot not in cooldowns or until is not None:
             cooldowns[slot] = max(0.0, until - now) if until is not None else 0.0
         if circuit:
-            opened = _seconds(circuit, -math.inf, math.inf)
+            opened = bounded(circuit, -math.inf, math.inf)
             invalid += opened is None
             circuits[slot] = opened - now if opened is not None else None
         elif slot not in circuits:
             circuits[slot] = None
-    plateaus: dict[str, tuple[float, bool]] = {}
-    read_rates, cursor, garbage = _rates(rates, plateaus)
+    plateaus: dict[str, tuple[float, bool, float]] = {}
+    rates_read, cursor, garbage = read_rates(rates, plateaus)
     if cursor is None:
-        cursor = (float(_text(since[0])), _text(since[1]))
-    read_asked, _, asked_garbage = _rates(asked, plateaus)
+        cursor = (float(text(since[0])), text(since[1]))
+    read_asked, _, asked_garbage = read_rates(asked, plateaus)
     invalid += garbage + asked_garbage
-    texts = [_text(item) for item in counts]
+    texts = [text(item) for item in counts]
     read_counts = {slot: max(1, min(10_000, int(count))) for slot, count in zip(texts[::2], texts[1::2])}
     grants: dict[str, list[float]] = {}
     paces, gaps = dict[str, float](), dict[str, float]()  # the fleet's pace, the gap before a claim's first time
-    texts = [_text(item) for item in leases]
+    texts = [text(item) for item in leases]
     for slot, times, pace, gap in zip(texts[::4], texts[1::4], texts[2::4], texts[3::4]):
-        offsets = [_seconds(offset, -1.0, 86400.0) for offset in times.split()]
+        offsets = [bounded(offset, -1.0, 86400.0) for offset in times.split()]
         grants[slot] = [offset for offset in offsets if offset is not None]
         invalid += offsets.count(None)
         for told, low, high, into in ((pace, 0.0, MAX_RATE, paces), (gap, 1.0 / MAX_RATE, 3600.0, gaps)):
-            value = _seconds(told, low, high) if told else None
+            value = bounded(told, low, high) if told else None
             into.update({slot: value} if value else {})
             invalid += bool(told) and not value
-    return Reply(cooldowns, circuits, read_rates, read_asked, read_counts, grants, bool(int(snapshot)),
-                 bool(int(more)), invalid, cursor, now, [_text(slot) for slot in probes],
+    return Reply(cooldowns, circuits, rates_read, read_asked, read_counts, grants, bool(int(snapshot)),
+                 bool(int(more)), invalid, cursor, now, [text(slot) for slot in probes],
                  {slot: max(-1, min(10_000, int(count))) for slot, count in _pairs(first)}, paces, plateaus, gaps)
 
 
 def _pairs(flat: list[Any]) -> list[tuple[str, str]]:
-    texts = [_text(item) for item in flat]
+    texts = [text(item) for item in flat]
     return list(zip(texts[::2], texts[1::2]))
-
-
-def _rates(flat: list[Any], plateaus: dict[str, tuple[float, bool]]) -> tuple[list[Rate], tuple[float, str] | None, int]:
-    """(slot, rate, cut?, who) of each well-formed entry; the cursor past the last; how many were garbage. A
-    value is ``rate:cut@plateau`` (``pin``: pinned down) or ``rate:grow``, then who; plateaus go in ``plateaus``."""
-    read: list[Rate] = []
-    texts = [_text(item) for item in flat]
-    cursor: tuple[float, str] | None = None
-    garbage = 0
-    for slot, value, at in zip(texts[::3], texts[1::3], texts[2::3]):
-        cursor = (float(at), slot)
-        if not value:
-            continue  # deleted meanwhile
-        match = _RATE.match(value)
-        rate = _seconds(match.group(1), 0.0, MAX_RATE) if match else None
-        plateau = _seconds(match.group(3), 0.0, MAX_RATE) if match and match.group(3) else None
-        if match is None or rate is None or rate <= 0.0:
-            garbage += 1
-            continue
-        garbage += bool(match.group(3)) and not (plateau or 0.0) >= rate  # the cut stands, its plateau not
-        if match.group(2) != "grow" and plateau is not None and plateau >= rate:
-            plateaus[slot] = (plateau, match.group(2) == "pin")
-        read.append((slot, rate, match.group(2) != "grow", match.group(4)))
-    return read, cursor, garbage
 
 
 class KeyspaceError(RuntimeError):
@@ -362,9 +318,9 @@ class RedisExchange:
                 return
             try:
                 raw = self._script(keys=self._keys, args=self._args(job))
-                if raw and _text(raw[0]) == "wrongtype":
+                if raw and text(raw[0]) == "wrongtype":
                     raise KeyspaceError(
-                        f"key {_text(raw[1])} holds a {_text(raw[2])}, not what the board keeps there: another "
+                        f"key {text(raw[1])} holds a {text(raw[2])}, not what the board keeps there: another "
                         "program writes under RETRY_AFTER_REDIS_PREFIX; give this fleet a prefix of its own"
                     )
                 reply = read_reply(raw, self.horizon)
@@ -394,7 +350,7 @@ class RedisExchange:
                     if message is None:
                         continue
                     call_soon = self._call_soon
-                    if _text(message["data"]) != self.process_id and call_soon is not None:
+                    if text(message["data"]) != self.process_id and call_soon is not None:
                         call_soon(self.on_news)
             except Exception:  # lost: the exchanges notice and report it; listen again later
                 self._stopping.wait(BACKOFF_MAX / 2)

@@ -234,7 +234,7 @@ class FleetFacts(CooldownBoard):
         self.on_sooner(slot)  # the queue held it until the circuit's time: it may send now
 
     def _adopt_rate(self, slot: str, rate: float, now: float, cut: bool, live: bool = False,
-                    plateau: tuple[float, bool] | None = None) -> None:
+                    plateau: tuple[float, bool, float] | None = None) -> None:
         """Follow the fleet's pace: a cut is adopted with its cutter's ``plateau``, growth is taken as is.
 
         Every process grows the one fleet rate from its own successes, as one crawler would from

@@ -115,6 +115,8 @@ class Leases:
         if not granted:
             del self._granted[slot]
             return None
+        if any(later[0] < earlier[0] for earlier, later in zip(granted, list(granted)[1:])):
+            self._granted[slot] = granted = collections.deque(sorted(granted))  # a time between ones held
         return granted[0][0]
 
     def drop_before(self, slot: str, when: float) -> float | None:

@@ -24,6 +24,7 @@ from ..board import SlotState, Throttle
 from ..breaker import HALF_OPEN
 from ..rate import MARGIN, STEADY_SCALE, RateController
 from .facts import MET_MEMORY, FleetFacts
+from .ratewire import rate_value
 from .script import MAX_RATE
 
 __all__ = ["FleetRules"]
@@ -256,8 +257,8 @@ class FleetRules(FleetFacts):
             self._active[slot] = self.clock()
             self._published[slot] = rate
             pace = self._slots[slot].pace  # the plateau goes too: the fleet regrows as this process does
-            self._write("rate", slot, f"{rate!r}:{'pin' if pace and pace.scale == STEADY_SCALE else 'cut'}@"
-                                      f"{max(rate, min(pace.peak if pace else rate, MAX_RATE))!r}")
+            self._write("rate", slot, rate_value(rate, "pin" if pace and pace.scale == STEADY_SCALE else "cut", max(
+                rate, min(pace.peak if pace else rate, MAX_RATE)), pace.passed if pace else 0.0))
             self._news()
         return rate
 
@@ -271,7 +272,7 @@ class FleetRules(FleetFacts):
         rate = self.rate(slot)
         if rate is not None and abs(rate - self._published.get(slot, 0.0)) > 0.01 * rate:
             self._published[slot] = rate
-            self._write("rate", slot, f"{rate!r}:grow")  # sent with the next refresh
+            self._write("rate", slot, rate_value(rate, "grow"))  # sent with the next refresh
         return sooner
 
     def _sooner(self, slot: str, state: SlotState, before: float, after: float, now: float) -> bool:

@@ -23,6 +23,8 @@ PACE_WINDOW = 1.0
 while it has requests for the slot)."""
 PACERS = 1000
 """Processes' paces kept per slot at most: a lease hash with more fields was not written by the fleet."""
+BOOKED = 256
+"""Booked send times kept per slot; past it the earliest give way to a floor the next times follow."""
 
 # KEYS: cooldowns, circuits, rates, rates by update time, changes, news channel.
 # ARGV: process, per-slot key prefix, sender window, rate age, lease horizon, changes cursor,
@@ -94,12 +96,23 @@ for _ = 1, nclaims do
     redis.call('DEL', key)
   end
   if redis.call('HLEN', key) > PACERS + 3 then redis.call('DEL', key); invalid = invalid + 1 end
-  local after = num(redis.call('HGET', key, 'next')) or 0
-  if after > now + 3600 then after = 0; invalid = invalid + 1 end
-  local told_last = redis.call('HGET', key, 'last')
-  local last = num(told_last)
-  if told_last and (last == nil or math.abs(last - now) > 3600) then last = nil; invalid = invalid + 1 end
-  local t = math.max(now + horizon / 3, after, num(redis.call('ZSCORE', KEYS[1], slot)) or 0)
+  -- The fleet's booked times, ascending: a time is granted wherever it is one fleet interval
+  -- from each, so a pace that rose takes effect between the times booked at the old one
+  -- (eight processes holding a time each at 1.4/s held a doubled pace back 5.7 s).
+  local booked, told = {}, redis.call('HGET', key, 'booked')
+  if told then
+    for w in string.gmatch(told, '%S+') do
+      local b = num(w)
+      if b == nil or b > now + 3600 or #booked >= BOOKED or (#booked > 0 and b < booked[#booked]) then
+        booked = {}; invalid = invalid + 1; break
+      end
+      booked[#booked + 1] = b
+    end
+  end
+  local told_floor = redis.call('HGET', key, 'floor')
+  local floor = num(told_floor) or 0
+  if told_floor and (num(told_floor) == nil or floor > now + 3600) then floor = 0; invalid = invalid + 1 end
+  local lo = math.max(now + horizon / 3, num(redis.call('ZSCORE', KEYS[1], slot)) or 0)
   -- One pace for the fleet: the slowest its senders claimed within PACE_WINDOW s. A
   -- process that grew past the others (or has not heard of a cut yet) sends no
   -- closer than they do; a cut claimed by any one paces every grant from now on.
@@ -112,7 +125,7 @@ for _ = 1, nclaims do
     local fields = redis.call('HGETALL', key)
     for f = 1, #fields, 2 do
       local name = fields[f]
-      if name ~= 'next' and name ~= 'last' and name ~= 'slot' then
+      if name ~= 'booked' and name ~= 'floor' and name ~= 'slot' then
         local r, at = string.match(fields[f + 1], '^(%S+) (%S+)$')
         r, at = num(r), num(at)
         if string.sub(name, 1, 5) ~= 'pace:' or r == nil or at == nil or r <= 0 or r > MAX_RATE then
@@ -125,20 +138,32 @@ for _ = 1, nclaims do
       end
     end
   end
-  -- The first time's gap after the fleet's last one (another process's, most often): the
-  -- pace it was sent at, which a claim's own rate does not say when the fleet's pace changed.
-  -- Only when it follows that one directly: after an idle spell or a cooldown it says nothing.
+  -- The first time's gap after the booked time before it, when that one placed it: the pace it
+  -- was sent at. After an idle spell or a cooldown a gap says nothing.
   local granted, gap = {}, ''
-  if rate ~= nil and t <= now + 86400 then
+  if rate ~= nil and lo <= now + 86400 then
+    local space = 1 / rate
+    local slack = math.min(0.00001, space / 100)  -- times are told to the microsecond
+    local t, at = math.max(lo, floor + space), 1
     for n = 1, want do
+      local pushed = false
+      while at <= #booked and booked[at] < t + space - slack do
+        if booked[at] > t - space + slack then t = booked[at] + space; pushed = true end
+        at = at + 1
+      end
       if n > 1 and t > now + horizon then break end
-      if n == 1 and last ~= nil and last < t and t == after then gap = string.format('%.6f', t - last) end
+      if n == 1 and pushed then gap = string.format('%.6f', t - booked[at - 1]) end
+      table.insert(booked, at, t)
+      at = at + 1
       granted[#granted + 1] = string.format('%.6f', t - now)
-      last = t
-      t = t + 1 / rate
+      t = t + space
     end
-    redis.call('HSET', key, 'next', string.format('%.6f', t), 'slot', slot)
-    if #granted > 0 then redis.call('HSET', key, 'last', string.format('%.6f', last)) end
+    local keep, out = {}, #booked - BOOKED
+    for k, b in ipairs(booked) do
+      if k <= out then floor = math.max(floor, b)
+      elseif b >= math.min(now - 1, lo - space) then keep[#keep + 1] = string.format('%.6f', b) end
+    end
+    redis.call('HSET', key, 'booked', table.concat(keep, ' '), 'floor', string.format('%.6f', floor), 'slot', slot)
     redis.call('EXPIRE', key, 60)
   end
   leases[#leases + 1] = slot
@@ -253,5 +278,4 @@ return {changed, rates, counts, leases, string.format('%.6f', now), snapshot and
         probes, first}
 """.replace("CIRCUIT_MEMORY", str(CIRCUIT_MEMORY)).replace("PACE_WINDOW", repr(PACE_WINDOW)).replace(
     "PACERS", str(PACERS)).replace("MAX_RATE", repr(MAX_RATE)).replace("CHANGES_MEMORY", str(CHANGES_MEMORY)).replace(
-    "PROBE_CLAIM", str(PROBE_CLAIM)
-)
+    "PROBE_CLAIM", str(PROBE_CLAIM)).replace("BOOKED", str(BOOKED))
