@@ -289,6 +289,19 @@ def test_garbage_booked_times_in_a_lease_are_counted_and_replaced(redis_server, 
         b.stop()
 
 
+def test_a_time_booked_at_a_long_cooldown_s_end_is_no_garbage(redis_server, prefix):
+    """A cooldown of two hours books its end two hours ahead: a bound of an hour counted it as garbage."""
+    client = redis_server.client()
+    seconds, micros = client.time()
+    client.hset(f"{prefix}:slot:lease:{slot_key(SLOT)}", "booked", f"{seconds + micros / 1e6 + 7200:.6f}")
+    b, invalid = claimed_once(redis_server, prefix, 20.0)
+    try:
+        assert invalid == 0
+        assert b.leases.times(SLOT)
+    finally:
+        b.stop()
+
+
 def test_a_time_after_an_idle_spell_tells_no_gap(redis_server, prefix):
     """A gap that counts an idle spell or a cooldown is no pace: 1/30 s would have cut slow start to the floor."""
     a = board(redis_server.url, prefix)

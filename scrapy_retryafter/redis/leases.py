@@ -9,6 +9,7 @@ local clock. Pure: the caller passes the time.
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 from collections.abc import Callable
 
@@ -115,7 +116,7 @@ class Leases:
         if not granted:
             del self._granted[slot]
             return None
-        if any(later[0] < earlier[0] for earlier, later in zip(granted, list(granted)[1:])):
+        if any(later[0] < earlier[0] for earlier, later in itertools.pairwise(granted)):
             self._granted[slot] = granted = collections.deque(sorted(granted))  # a time between ones held
         return granted[0][0]
 

@@ -98,12 +98,13 @@ for _ = 1, nclaims do
   if redis.call('HLEN', key) > PACERS + 3 then redis.call('DEL', key); invalid = invalid + 1 end
   -- The fleet's booked times, ascending: a time is granted wherever it is one fleet interval
   -- from each, so a pace that rose takes effect between the times booked at the old one
-  -- (eight processes holding a time each at 1.4/s held a doubled pace back 5.7 s).
+  -- (eight processes holding a time each at 1.4/s held a doubled pace back 5.7 s). A time
+  -- is granted up to a day ahead (a cooldown's end): later than that is not the fleet's.
   local booked, told = {}, redis.call('HGET', key, 'booked')
   if told then
     for w in string.gmatch(told, '%S+') do
       local b = num(w)
-      if b == nil or b > now + 3600 or #booked >= BOOKED or (#booked > 0 and b < booked[#booked]) then
+      if b == nil or b > now + 90000 or #booked >= BOOKED or (#booked > 0 and b < booked[#booked]) then
         booked = {}; invalid = invalid + 1; break
       end
       booked[#booked + 1] = b
@@ -111,7 +112,7 @@ for _ = 1, nclaims do
   end
   local told_floor = redis.call('HGET', key, 'floor')
   local floor = num(told_floor) or 0
-  if told_floor and (num(told_floor) == nil or floor > now + 3600) then floor = 0; invalid = invalid + 1 end
+  if told_floor and (num(told_floor) == nil or floor > now + 90000) then floor = 0; invalid = invalid + 1 end
   local lo = math.max(now + horizon / 3, num(redis.call('ZSCORE', KEYS[1], slot)) or 0)
   -- One pace for the fleet: the slowest its senders claimed within PACE_WINDOW s. A
   -- process that grew past the others (or has not heard of a cut yet) sends no
