@@ -302,6 +302,23 @@ def test_a_time_booked_at_a_long_cooldown_s_end_is_no_garbage(redis_server, pref
         b.stop()
 
 
+def test_no_time_is_booked_more_than_a_day_ahead(redis_server, prefix):
+    """A time pushed past a day by the booked ones was dropped by the reader but stayed booked: each
+    claim booked one more, and once past the garbage bound the whole list was wiped."""
+    client = redis_server.client()
+    key = f"{prefix}:slot:lease:{slot_key(SLOT)}"
+    seconds, micros = client.time()
+    last = seconds + micros / 1e6 + 86400 - 0.01
+    client.hset(key, "floor", f"{last:.6f}")  # the fleet's times run to a day ahead
+    b, invalid = claimed_once(redis_server, prefix, 20.0)
+    try:
+        assert invalid == 0
+        assert b.leases.times(SLOT) == []
+        assert client.hget(key, "booked") == ""
+    finally:
+        b.stop()
+
+
 def test_a_time_after_an_idle_spell_tells_no_gap(redis_server, prefix):
     """A gap that counts an idle spell or a cooldown is no pace: 1/30 s would have cut slow start to the floor."""
     a = board(redis_server.url, prefix)

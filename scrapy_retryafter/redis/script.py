@@ -99,12 +99,12 @@ for _ = 1, nclaims do
   -- The fleet's booked times, ascending: a time is granted wherever it is one fleet interval
   -- from each, so a pace that rose takes effect between the times booked at the old one
   -- (eight processes holding a time each at 1.4/s held a doubled pace back 5.7 s). A time
-  -- is granted up to a day ahead (a cooldown's end): later than that is not the fleet's.
+  -- is granted up to a day ahead (a cooldown's end), never later: none for a pace of one a year.
   local booked, told = {}, redis.call('HGET', key, 'booked')
   if told then
     for w in string.gmatch(told, '%S+') do
       local b = num(w)
-      if b == nil or b > now + 90000 or #booked >= BOOKED or (#booked > 0 and b < booked[#booked]) then
+      if b == nil or b > now + 86400 or #booked >= BOOKED or (#booked > 0 and b < booked[#booked]) then
         booked = {}; invalid = invalid + 1; break
       end
       booked[#booked + 1] = b
@@ -112,7 +112,7 @@ for _ = 1, nclaims do
   end
   local told_floor = redis.call('HGET', key, 'floor')
   local floor = num(told_floor) or 0
-  if told_floor and (num(told_floor) == nil or floor > now + 90000) then floor = 0; invalid = invalid + 1 end
+  if told_floor and (num(told_floor) == nil or floor > now + 86400) then floor = 0; invalid = invalid + 1 end
   local lo = math.max(now + horizon / 3, num(redis.call('ZSCORE', KEYS[1], slot)) or 0)
   -- One pace for the fleet: the slowest its senders claimed within PACE_WINDOW s. A
   -- process that grew past the others (or has not heard of a cut yet) sends no
@@ -145,14 +145,15 @@ for _ = 1, nclaims do
   if rate ~= nil and lo <= now + 86400 then
     local space = 1 / rate
     local slack = math.min(0.00001, space / 100)  -- times are told to the microsecond
-    local t, at = math.max(lo, floor + space), 1
+    local t, at = lo, 1
+    if floor > 0 then t = math.max(lo, floor + space) end
     for n = 1, want do
       local pushed = false
       while at <= #booked and booked[at] < t + space - slack do
         if booked[at] > t - space + slack then t = booked[at] + space; pushed = true end
         at = at + 1
       end
-      if n > 1 and t > now + horizon then break end
+      if (n > 1 and t > now + horizon) or t > now + 86400 then break end
       if n == 1 and pushed then gap = string.format('%.6f', t - booked[at - 1]) end
       table.insert(booked, at, t)
       at = at + 1
